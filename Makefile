@@ -1,0 +1,55 @@
+# Set-up and day-to-day commands. Everything runs inside the virtualenv .venv at the repo root,
+# created and filled on first use (pins in constraints.txt: torch==2.13.0 is the CPU build).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+EXTRAS ?= operator,trainer,s3,dev
+STAMP := $(VENV)/.stamp-install
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+.PHONY: install
+install: $(STAMP) ## Create .venv and install the project with its test dependencies
+
+.PHONY: test
+test: install ## Install what tests need, then run every test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: unit
+unit: install ## Fast tests only (tests/unit)
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+.PHONY: run
+run: install ## Train a tiny model with GRPO on a toy task, locally on CPU
+	$(PY) -m hybridflow.demo
+
+.PHONY: lint
+lint: install ## Ruff
+	$(VENV)/bin/ruff check operator trainer_image tests bench
+
+.PHONY: typecheck
+typecheck: install ## Mypy on the pure (torch/Ray-free) modules
+	$(VENV)/bin/mypy trainer_image/hybridflow/config.py operator/rljob_operator
+
+.PHONY: crds
+crds: install ## Regenerate crds/ (and the chart's copy) from the pydantic models
+	$(PY) -m rljob_operator.crdgen --out crds
+
+.PHONY: clean
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
