@@ -1,0 +1,363 @@
+"""Pydantic models of the RLJob custom resource (rl.hybridflow.dev/v1alpha1): spec and status.
+
+These models are the single source of truth for the API: the CRD's openAPIV3Schema is generated
+from them (`make crds`, see crdgen.py), the operator parses every RLJob with them, and `rljob validate`
+uses them too. Python attributes are snake_case; the wire format (aliases) is Kubernetes camelCase,
+so dump with `model_dump(mode="json", exclude_none=True)` (serialisation is by alias by default).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic.alias_generators import to_camel
+
+GROUP = "rl.hybridflow.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ["rlj"]
+
+#: The trainer image used when `spec.image` is not set (built from trainer_image/).
+DEFAULT_IMAGE = "ghcr.io/rljob-hybridflow/trainer:0.1.0"
+
+#: Kubernetes resource.Quantity syntax (same regex as the API server's OpenAPI for quantities).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+#: A quantity is an integer or a string such as "500m", "16Gi" (CRD: x-kubernetes-int-or-string).
+Quantity = int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]
+
+
+class _Model(BaseModel):
+    """Base for every API model: unknown fields are errors, camelCase on the wire."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- spec
+
+
+class LocalObjectReference(_Model):
+    """A reference to an object by name in the RLJob's namespace."""
+
+    name: str = Field(min_length=1, description="Name of the referenced object (same namespace).")
+
+
+class HeadResources(_Model):
+    """CPU and memory for the Ray head pod (it runs the trainer driver, no GPUs)."""
+
+    cpu: Quantity = Field(default="2", description="CPU request and limit of the head pod.")
+    memory: Quantity = Field(default="8Gi", description="Memory request and limit of the head pod.")
+
+
+class ResourcesSpec(_Model):
+    """Per-node compute resources; GPU counts come from spec.config.trainer (n_gpus_per_node)."""
+
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        min_length=1,
+        description="Extended resource name of the GPUs requested per worker node, e.g. nvidia.com/gpu "
+        "or amd.com/gpu. The count is spec.config.trainer.n_gpus_per_node.",
+    )
+    cpu: Quantity = Field(default="8", description="CPU request and limit of each worker pod.")
+    memory: Quantity = Field(default="64Gi", description="Memory request and limit of each worker pod.")
+    shared_memory: Quantity = Field(
+        default="16Gi",
+        description="Size of the in-memory /dev/shm volume of each pod (NCCL and Ray's object store use it).",
+    )
+    head: HeadResources = Field(
+        default_factory=HeadResources, description="Resources of the Ray head pod (the trainer driver)."
+    )
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(default=None, description="Taint key the toleration applies to; empty matches all.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default Equal) between key and value."
+    )
+    value: str | None = Field(default=None, description="Taint value the toleration matches (with Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="With NoExecute: how long the pod stays bound after the taint appears."
+    )
+
+
+class KeySelector(_Model):
+    """Selects a key of a Secret or ConfigMap (core/v1 SecretKeySelector / ConfigMapKeySelector)."""
+
+    name: str = Field(min_length=1, description="Name of the Secret or ConfigMap.")
+    key: str = Field(min_length=1, description="The key to select.")
+    optional: bool | None = Field(default=None, description="Whether the object or its key may be missing.")
+
+
+class ObjectFieldSelector(_Model):
+    """Selects a field of the pod (core/v1 ObjectFieldSelector)."""
+
+    field_path: str = Field(description="Path of the field, e.g. metadata.name or status.podIP.")
+    api_version: str | None = Field(default=None, description="Version of the schema fieldPath is written in.")
+
+
+class ResourceFieldSelector(_Model):
+    """Selects a container resource (core/v1 ResourceFieldSelector)."""
+
+    resource: str = Field(description="Resource to select, e.g. limits.memory.")
+    container_name: str | None = Field(default=None, description="Container name; defaults to this one.")
+    divisor: Quantity | None = Field(default=None, description="Output format of the exposed resource.")
+
+
+class EnvVarSource(_Model):
+    """Where an environment variable's value comes from (exactly one source)."""
+
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: ObjectFieldSelector | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(default=None, description="A container resource.")
+
+
+class EnvVar(_Model):
+    """An environment variable for the trainer containers (core/v1 EnvVar)."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str | None = Field(default=None, description="Literal value; do not put secrets here, use valueFrom.")
+    value_from: EnvVarSource | None = Field(default=None, description="Source of the value (Secret, ...).")
+
+
+class OptionalObjectReference(_Model):
+    """A reference to a Secret or ConfigMap for envFrom."""
+
+    name: str = Field(min_length=1, description="Name of the Secret or ConfigMap.")
+    optional: bool | None = Field(default=None, description="Whether the object may be missing.")
+
+
+class EnvFromSource(_Model):
+    """Imports every key of a Secret or ConfigMap as environment variables (core/v1 EnvFromSource)."""
+
+    prefix: str | None = Field(default=None, description="Prefix prepended to every imported variable name.")
+    secret_ref: OptionalObjectReference | None = Field(default=None, description="The Secret to import.")
+    config_map_ref: OptionalObjectReference | None = Field(default=None, description="The ConfigMap to import.")
+
+
+class PodSpec(_Model):
+    """Scheduling and environment settings applied to the head and worker pods."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods must match (pod spec nodeSelector)."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the pods tolerate.")
+    affinity: dict[str, Any] | None = Field(
+        default=None, description="Pod affinity rules, verbatim core/v1 Affinity (nodeAffinity, podAffinity, ...)."
+    )
+    priority_class_name: str | None = Field(default=None, description="PriorityClass of the pods.")
+    scheduler_name: str | None = Field(default=None, description="Scheduler of the pods, e.g. volcano.")
+    service_account_name: str | None = Field(default=None, description="ServiceAccount the pods run as.")
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables of the trainer.")
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list, description="Secrets/ConfigMaps imported whole as environment variables."
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the pods.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on the pods.")
+
+
+class CheckpointSpec(_Model):
+    """Where checkpoints go; every attempt resumes from the latest committed one."""
+
+    uri: str | None = Field(
+        default=None,
+        description="Checkpoint location: s3://bucket/prefix, gs://bucket/prefix, file:///path or /path. "
+        "Overrides spec.config.trainer.default_local_dir. Use object storage on a cluster: every attempt "
+        "runs on fresh pods.",
+    )
+    secret_ref: LocalObjectReference | None = Field(
+        default=None,
+        description="Secret whose keys (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) are "
+        "imported as environment variables of the trainer pods.",
+    )
+    keep: int | None = Field(
+        default=None, ge=1, description="How many checkpoints to keep (older ones are deleted); unset keeps all."
+    )
+
+
+class RunPolicy(_Model):
+    """Retries, deadlines and clean-up."""
+
+    backoff_limit: int = Field(
+        default=3, ge=0, description="Retries after a failed attempt; each retry resumes from the latest checkpoint."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the job when it has run this long in total (all attempts)."
+    )
+    stall_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Treat a running attempt whose training step has not advanced for this long as failed.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the finished RLJob this long after it succeeded or failed."
+    )
+
+
+class RLJobSpec(_Model):
+    """Desired state of an RLJob: the trainer config plus how to run it on the cluster."""
+
+    config: dict[str, Any] = Field(
+        description="The HybridFlow trainer config in verl's nested shape (algorithm, data, actor_rollout_ref, "
+        "critic, reward_model, custom_reward_function, trainer). The cluster is sized from trainer.nnodes "
+        "and trainer.n_gpus_per_node.",
+    )
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Trainer container image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Pull policy of the trainer image."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, description="Secrets used to pull the trainer image."
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-node compute resources.")
+    pod: PodSpec = Field(default_factory=PodSpec, description="Scheduling and environment settings of the pods.")
+    queue_name: str | None = Field(
+        default=None, description="Kueue LocalQueue to submit to; Kueue then decides when the job starts."
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="Checkpoint storage and retention."
+    )
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines and clean-up.")
+    suspend: bool = Field(
+        default=False, description="Suspend the job: frees the cluster; unsuspending resumes from checkpoint."
+    )
+
+
+# -------------------------------------------------------------------------------------------- status
+
+
+class Phase(str, Enum):
+    """One-word summary of an RLJob's state (printer column); conditions hold the detail."""
+
+    PENDING = "Pending"
+    INVALID = "Invalid"
+    QUEUED = "Queued"
+    SUSPENDED = "Suspended"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    RETRYING = "Retrying"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionType(str, Enum):
+    """Condition types an RLJob reports."""
+
+    VALIDATED = "Validated"
+    SUSPENDED = "Suspended"
+    CLUSTER_READY = "ClusterReady"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class Condition(_Model):
+    """A Kubernetes-style condition (type, status, reason, message, lastTransitionTime)."""
+
+    type: ConditionType = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str | None = Field(default=None, description="CamelCase machine-readable reason of the last change.")
+    message: str | None = Field(default=None, description="Human-readable detail: what happened, what to do.")
+    last_transition_time: str | None = Field(
+        default=None, description="RFC 3339 time when status last changed."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was computed from."
+    )
+
+
+class FailureInfo(_Model):
+    """What made the most recent attempt fail."""
+
+    attempt: int = Field(description="The attempt number that failed.")
+    reason: str | None = Field(default=None, description="CamelCase reason (e.g. from the RayJob status).")
+    message: str | None = Field(default=None, description="Detail of the failure.")
+
+
+class Progress(_Model):
+    """Training progress reported by the trainer."""
+
+    step: int | None = Field(default=None, description="Latest completed training step.")
+    total_steps: int | None = Field(default=None, description="Total training steps of the run.")
+    percent: float | None = Field(default=None, description="step / totalSteps in percent.")
+    eta_seconds: int | None = Field(default=None, description="Estimated seconds until the run finishes.")
+
+
+class Metrics(_Model):
+    """Latest training metrics that matter."""
+
+    reward_mean: float | None = Field(default=None, description="Mean sequence reward of the latest step.")
+    kl: float | None = Field(default=None, description="KL divergence to the reference policy, latest step.")
+    throughput_tokens_per_second: float | None = Field(
+        default=None, description="Training throughput of the latest step, tokens per second."
+    )
+
+
+class CheckpointStatus(_Model):
+    """The latest committed checkpoint."""
+
+    step: int | None = Field(default=None, description="Training step of the checkpoint.")
+    uri: str | None = Field(default=None, description="Where the checkpoint is stored.")
+    time: str | None = Field(default=None, description="RFC 3339 time the checkpoint was committed.")
+
+
+class RLJobStatus(_Model):
+    """Observed state of an RLJob, written by the operator."""
+
+    observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
+    phase: Phase | None = Field(default=None, description="One-word summary of the job's state.")
+    conditions: list[Condition] = Field(default_factory=list, description="Detailed state, one per type.")
+    attempt: int | None = Field(default=None, description="Current attempt number, starting at 1.")
+    ray_job_name: str | None = Field(default=None, description="Name of the current attempt's RayJob.")
+    config_map_name: str | None = Field(default=None, description="Name of the ConfigMap holding the config.")
+    dashboard_url: str | None = Field(
+        default=None, alias="dashboardURL", description="Ray dashboard address of the current attempt."
+    )
+    start_time: str | None = Field(default=None, description="RFC 3339 time the first attempt started.")
+    completion_time: str | None = Field(default=None, description="RFC 3339 time the job finished.")
+    last_failure: FailureInfo | None = Field(default=None, description="What made the latest attempt fail.")
+    progress: Progress | None = Field(default=None, description="Training progress.")
+    metrics: Metrics | None = Field(default=None, description="Latest training metrics.")
+    checkpoint: CheckpointStatus | None = Field(default=None, description="The latest committed checkpoint.")
+
+
+class ObjectMeta(BaseModel):
+    """The subset of metadata the operator reads; other keys are kept but not interpreted."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(description="Name of the RLJob.")
+    namespace: str | None = Field(default=None, description="Namespace of the RLJob.")
+    uid: str | None = Field(default=None, description="UID assigned by the API server.")
+    generation: int | None = Field(default=None, description="Spec generation assigned by the API server.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels of the RLJob.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the RLJob.")
+
+
+class RLJob(_Model):
+    """A whole RLJob object as read from the API or a manifest file."""
+
+    api_version: Literal["rl.hybridflow.dev/v1alpha1"] = Field(
+        default=API_VERSION, description="Must be rl.hybridflow.dev/v1alpha1."
+    )
+    kind: Literal["RLJob"] = Field(default=KIND, description="Must be RLJob.")
+    metadata: ObjectMeta = Field(description="Object metadata.")
+    spec: RLJobSpec = Field(description="Desired state.")
+    status: RLJobStatus | None = Field(default=None, description="Observed state (written by the operator).")
