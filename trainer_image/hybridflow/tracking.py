@@ -1,0 +1,237 @@
+"""Experiment loggers: console, JSONL file, TensorBoard and W&B behind one `Tracking.log(data, step)`.
+
+Metric names follow verl (`critic/score/mean`, `actor/pg_loss`, `actor/entropy`, `actor/ppo_kl`,
+`response_length/mean`, `perf/throughput`, `timing_s/gen`, ...), so dashboards built for verl work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TextIO
+
+import fsspec
+
+BACKENDS = ("console", "file", "tensorboard", "wandb")
+FILE_LOGGER_ENV = "HYBRIDFLOW_FILE_LOGGER_PATH"
+METRICS_FILE = "metrics.jsonl"
+
+
+class Logger(Protocol):
+    """One backend: receives a flat dict of floats per step."""
+
+    def log(self, data: Mapping[str, float], step: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def to_scalars(data: Mapping[str, Any]) -> dict[str, float | None]:
+    """Flatten tensors / numpy scalars to floats; non-finite values become None (valid JSON)."""
+    out: dict[str, float | None] = {}
+    for key, value in data.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, bool | int | float):
+            value = float(value)
+            out[key] = value if math.isfinite(value) else None
+    return out
+
+
+def _first(data: Mapping[str, float | None], *keys: str) -> float | None:
+    for key in keys:
+        if data.get(key) is not None:
+            return data[key]
+    return None
+
+
+def _fmt_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def format_console_line(
+    data: Mapping[str, float | None], step: int, total_steps: int | None, avg_step_s: float | None
+) -> str:
+    """Build the one readable line per step: the numbers a person watches, then a progress bar with ETA."""
+    fields = [
+        ("reward", _first(data, "critic/score/mean", "critic/rewards/mean"), "{:.3f}"),
+        ("kl", _first(data, "actor/ppo_kl", "actor/kl_loss", "critic/kl"), "{:.4f}"),
+        ("entropy", _first(data, "actor/entropy"), "{:.3f}"),
+        ("resp_len", _first(data, "response_length/mean"), "{:.1f}"),
+        ("tok/s", _first(data, "perf/throughput"), "{:.0f}"),
+        ("step_s", _first(data, "timing_s/step"), "{:.2f}"),
+    ]
+    parts = [f"step {step}" + (f"/{total_steps}" if total_steps else "")]
+    parts += [f"{name} {fmt.format(value)}" for name, value, fmt in fields if value is not None]
+    val = sorted((k.removeprefix("val-core/"), v) for k, v in data.items() if k.startswith("val-core/"))
+    parts += [f"val {name} {value:.3f}" for name, value in val if value is not None]
+    if total_steps:
+        done = min(step / total_steps, 1.0)
+        bar = "#" * int(done * 20) + "-" * (20 - int(done * 20))
+        progress = f"[{bar}] {done:4.0%}"
+        if avg_step_s is not None:
+            progress += f" ETA {_fmt_seconds(avg_step_s * max(total_steps - step, 0))}"
+        parts.append(progress)
+    return " | ".join(parts)
+
+
+class ConsoleLogger:
+    """Prints one line per step with a progress bar and an ETA from the mean step time."""
+
+    def __init__(self, total_steps: int | None = None, stream: TextIO | None = None) -> None:
+        self.total_steps = total_steps
+        self.stream = stream
+        self._step_times: list[float] = []
+
+    def log(self, data: Mapping[str, float | None], step: int) -> None:
+        step_s = data.get("timing_s/step")
+        if step_s is not None:
+            self._step_times.append(step_s)
+        avg = sum(self._step_times) / len(self._step_times) if self._step_times else None
+        print(
+            format_console_line(data, step, self.total_steps, avg), file=self.stream or sys.stdout, flush=True
+        )
+
+    def finish(self) -> None:
+        """Nothing to close."""
+
+
+class FileLogger:
+    """Writes one flat JSON object per step (`{"step": N, ...metrics}`) to a JSONL file or URI.
+
+    Local files are appended to; object stores cannot append, so there the whole file is rewritten
+    each step (it stays small: one line per step).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fs, self._fs_path = fsspec.core.url_to_fs(path)
+        self._local = "file" in (
+            self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,)
+        )
+        self.fs.makedirs(os.path.dirname(self._fs_path) or ".", exist_ok=True)
+        self._lines: list[str] = []
+        if not self._local and self.fs.exists(self._fs_path):
+            self._lines = self.fs.cat_file(self._fs_path).decode().splitlines()
+
+    def log(self, data: Mapping[str, float | None], step: int) -> None:
+        line = json.dumps({"step": step, **data})
+        if self._local:
+            with open(self._fs_path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+            return
+        self._lines.append(line)
+        with self.fs.open(self._fs_path, "wb") as handle:
+            handle.write(("\n".join(self._lines) + "\n").encode())
+
+    def finish(self) -> None:
+        """Nothing buffered."""
+
+
+class TensorboardLogger:
+    """Scalars through torch's SummaryWriter (log dir: $TENSORBOARD_DIR or tensorboard_log/<project>/<exp>)."""
+
+    def __init__(self, log_dir: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=log_dir)
+
+    def log(self, data: Mapping[str, float | None], step: int) -> None:
+        for key, value in data.items():
+            if value is not None:
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Weights & Biases run; `run_id` is kept in checkpoints so a resumed job continues the same run."""
+
+    def __init__(self, project: str, name: str, config: Mapping[str, Any] | None, run_id: str | None) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise RuntimeError(
+                "trainer.logger includes 'wandb' but the wandb package is not installed: "
+                "run `pip install wandb` (and set WANDB_API_KEY), or remove 'wandb' from trainer.logger."
+            ) from exc
+        self._wandb = wandb
+        self.run = wandb.init(
+            project=project, name=name, config=dict(config or {}), id=run_id, resume="allow"
+        )
+        self.run_id: str = self.run.id
+
+    def log(self, data: Mapping[str, float | None], step: int) -> None:
+        self.run.log({k: v for k, v in data.items() if v is not None}, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def resolve_file_logger_path(default_local_dir: str | None, env: Mapping[str, str] | None = None) -> str:
+    """Return $HYBRIDFLOW_FILE_LOGGER_PATH, else `<default_local_dir>/metrics.jsonl`."""
+    env = os.environ if env is None else env
+    if env.get(FILE_LOGGER_ENV):
+        return env[FILE_LOGGER_ENV]
+    if not default_local_dir:
+        raise ValueError(
+            f"the file logger needs trainer.default_local_dir or ${FILE_LOGGER_ENV} to know where to write"
+        )
+    return f"{default_local_dir.rstrip('/')}/{METRICS_FILE}"
+
+
+class Tracking:
+    """Fan one step's metrics out to the configured backends (verl's `Tracking`, same call shape)."""
+
+    def __init__(
+        self,
+        project_name: str,
+        experiment_name: str,
+        default_backend: str | Sequence[str],
+        config: Mapping[str, Any] | None = None,
+        *,
+        default_local_dir: str | None = None,
+        total_steps: int | None = None,
+        wandb_run_id: str | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        backends = [default_backend] if isinstance(default_backend, str) else list(default_backend)
+        unknown = [b for b in backends if b not in BACKENDS]
+        if unknown:
+            raise ValueError(f"trainer.logger: unknown logger(s) {unknown}; valid ones are {list(BACKENDS)}")
+        self.loggers: dict[str, Logger] = {}
+        self.wandb_run_id = wandb_run_id
+        if "console" in backends:
+            self.loggers["console"] = ConsoleLogger(total_steps, stream)
+        if "file" in backends:
+            self.loggers["file"] = FileLogger(resolve_file_logger_path(default_local_dir))
+        if "tensorboard" in backends:
+            log_dir = os.environ.get("TENSORBOARD_DIR") or f"tensorboard_log/{project_name}/{experiment_name}"
+            self.loggers["tensorboard"] = TensorboardLogger(log_dir)
+        if "wandb" in backends:
+            wandb_logger = WandbLogger(project_name, experiment_name, config, wandb_run_id)
+            self.wandb_run_id = wandb_logger.run_id
+            self.loggers["wandb"] = wandb_logger
+
+    @property
+    def file_path(self) -> str | None:
+        """Where the JSONL metrics go, when the file logger is on."""
+        file_logger = self.loggers.get("file")
+        return file_logger.path if isinstance(file_logger, FileLogger) else None
+
+    def log(self, data: Mapping[str, Any], step: int) -> None:
+        """Send one step's metrics to every backend."""
+        scalars = to_scalars(data)
+        for logger in self.loggers.values():
+            logger.log(scalars, step)
+
+    def finish(self) -> None:
+        """Flush and close every backend."""
+        for logger in self.loggers.values():
+            logger.finish()
