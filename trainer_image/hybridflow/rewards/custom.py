@@ -1,0 +1,126 @@
+"""Load a user's reward function from a Python file (``custom_reward_function.path`` / ``.name``).
+
+The function has verl's signature,
+``fn(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs) -> float | dict``.
+`load_custom_reward_fn` returns a `CustomRewardFunction`: callable with that signature (the configured
+``reward_kwargs`` bound) and picklable by path, so it can be shipped to a Ray actor and re-imported there
+(a function imported from a file path has no importable module name, so plain pickle cannot send it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class CustomRewardError(ValueError):
+    """The configured custom reward function cannot be loaded."""
+
+
+def _import_file(path: str) -> Any:
+    """Import the Python file at ``path`` as a fresh module; errors name the file and the fix."""
+    if not os.path.isfile(path):
+        raise CustomRewardError(
+            f"custom_reward_function.path={path!r}: no such file. Set it to an existing Python file "
+            "(an absolute path, or a path relative to the working directory of the trainer)."
+        )
+    module_name = "hybridflow_custom_reward_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise CustomRewardError(
+            f"custom_reward_function.path={path!r}: cannot be imported as a Python module; "
+            "give a file ending in .py."
+        )
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's code may raise anything at import time
+        raise CustomRewardError(
+            f"custom_reward_function.path={path!r}: importing the file failed with "
+            f"{type(exc).__name__}: {exc}. Fix the error in that file."
+        ) from exc
+    return module
+
+
+def _resolve(path: str, name: str) -> Callable[..., Any]:
+    """The callable ``name`` of the file at ``path``; errors list what the file does define."""
+    module = _import_file(path)
+    if not hasattr(module, name):
+        functions = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        raise CustomRewardError(
+            f"custom_reward_function.name={name!r}: no function of that name in {path!r} "
+            f"(functions defined there: {', '.join(functions) or 'none'}). "
+            "Set custom_reward_function.name to one of them."
+        )
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise CustomRewardError(
+            f"custom_reward_function.name={name!r} in {path!r} is a {type(fn).__name__}, not a function. "
+            "Point custom_reward_function.name at a function with the signature "
+            "fn(data_source, solution_str, ground_truth, extra_info=None, **kwargs)."
+        )
+    return fn
+
+
+class CustomRewardFunction:
+    """A user's reward function with its ``reward_kwargs`` bound; pickles as (path, name, kwargs)."""
+
+    def __init__(self, path: str, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None):
+        """Import ``name`` from ``path`` now, so configuration errors surface at start-up."""
+        self.path = path
+        self.name = name
+        self.reward_kwargs = dict(reward_kwargs or {})
+        self._fn = _resolve(path, name)
+
+    def __call__(
+        self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+    ) -> float | dict[str, Any]:
+        """Call the user's function with verl's keyword arguments and the bound ``reward_kwargs``."""
+        return self._fn(
+            data_source=data_source,
+            solution_str=solution_str,
+            ground_truth=ground_truth,
+            extra_info=extra_info,
+            **self.reward_kwargs,
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the location only; the receiving process re-imports the file."""
+        return {"path": self.path, "name": self.name, "reward_kwargs": self.reward_kwargs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Re-import the function in the receiving process."""
+        self.path, self.name, self.reward_kwargs = state["path"], state["name"], state["reward_kwargs"]
+        self._fn = _resolve(self.path, self.name)
+
+    def __repr__(self) -> str:
+        """Where the function comes from."""
+        return f"CustomRewardFunction(path={self.path!r}, name={self.name!r})"
+
+
+def load_custom_reward_fn(
+    path: str, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None
+) -> CustomRewardFunction:
+    """Load ``name`` from the Python file ``path`` with ``reward_kwargs`` bound; errors say what to fix."""
+    if not name:
+        raise CustomRewardError(
+            "custom_reward_function.name is empty: set it to the name of the function in "
+            f"{path!r} (verl's default is compute_score)."
+        )
+    return CustomRewardFunction(path, name, reward_kwargs)
+
+
+def load_custom_reward_fn_from_config(cfg: Any) -> CustomRewardFunction | None:
+    """`load_custom_reward_fn` from ``cfg.custom_reward_function`` (path, name, reward_kwargs); None if no path."""
+    section = getattr(cfg, "custom_reward_function", None)
+    path = getattr(section, "path", None) if section is not None else None
+    if not path:
+        return None
+    return load_custom_reward_fn(
+        path,
+        getattr(section, "name", None) or "compute_score",
+        getattr(section, "reward_kwargs", None) or {},
+    )

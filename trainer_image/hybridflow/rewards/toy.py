@@ -1,0 +1,40 @@
+"""Scorers for the toy tasks of `hybridflow.data.toy` (short exact answers a tiny model can learn).
+
+Each scorer reads the answer at the start of the completion (leading spaces ignored) and ignores what
+follows it, so a model that has learnt the answer but not yet to stop right after it is still rewarded;
+returns ``{"score": 1.0 | 0.0, "acc": bool, "pred": str}``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+ARITHMETIC = "toy/arithmetic"
+COPY = "toy/copy"
+COUNT = "toy/count"
+
+_LEADING_INT_RE = re.compile(r"^\s*(-?\d+)")
+_LEADING_WORD_RE = re.compile(r"^\s*(\S+)")
+
+
+def _result(prediction: str | None, truth: str) -> dict[str, Any]:
+    """The scorer's dict for a parsed prediction."""
+    correct = prediction is not None and prediction == truth
+    return {"score": 1.0 if correct else 0.0, "acc": correct, "pred": prediction or ""}
+
+
+def score_integer(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict[str, Any]:
+    """1.0 when the completion starts with the ground-truth integer (``"7"``, ``" -3 ..."``), else 0.0."""
+    match = _LEADING_INT_RE.match(solution_str)
+    prediction = str(int(match.group(1))) if match else None
+    return _result(prediction, str(int(str(ground_truth).strip())))
+
+
+def score_copy(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict[str, Any]:
+    """1.0 when the first word of the completion equals the string to copy, else 0.0."""
+    match = _LEADING_WORD_RE.match(solution_str)
+    return _result(match.group(1) if match else None, str(ground_truth).strip())
+
+
+SCORERS = {ARITHMETIC: score_integer, COPY: score_copy, COUNT: score_integer}
