@@ -442,7 +442,10 @@ def test_pickle_round_trip_keeps_values_and_cpu() -> None:
 
 def test_object_arrays_of_dicts_survive_every_operation() -> None:
     dp = make(4)
-    gt = lambda d: [x["ground_truth"] for x in d.non_tensor_batch["reward_model"]]  # noqa: E731
+
+    def gt(d: DataProto) -> list[str]:
+        return [x["ground_truth"] for x in d.non_tensor_batch["reward_model"]]
+
     assert gt(dp[[1, 3]]) == ["1", "3"]
     assert gt(dp[1:3]) == ["1", "2"]
     assert [gt(p) for p in dp.chunk(2)] == [["0", "1"], ["2", "3"]]
@@ -454,3 +457,60 @@ def test_object_arrays_of_dicts_survive_every_operation() -> None:
     dp.reorder([2, 3, 0, 1])
     assert gt(dp) == ["2", "3", "0", "1"]
     assert dp.non_tensor_batch["reward_model"].shape == (4,)
+
+
+def test_pickled_chunk_carries_only_its_own_rows() -> None:
+    big = DataProto.from_dict({"x": torch.zeros(800, 64), "col": torch.zeros(800, 4)[:, 1]})
+    whole = len(pickle.dumps(big))
+    part = big.chunk(8)[3]
+    size = len(pickle.dumps(part))
+    assert size < whole / 6  # a view would otherwise pickle the parent's whole storage
+    restored = pickle.loads(pickle.dumps(part))
+    assert_same(restored, part)
+    assert part.batch["x"].untyped_storage().data_ptr() == big.batch["x"].untyped_storage().data_ptr()
+
+
+def test_save_and_load_from_disk(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    dp = make(3)
+    dp.save_to_disk(tmp_path / "batch.pkl")
+    assert_same(DataProto.load_from_disk(tmp_path / "batch.pkl"), dp)
+    (tmp_path / "other.pkl").write_bytes(pickle.dumps({"not": "a batch"}))
+    with pytest.raises(TypeError, match="not a DataProto"):
+        DataProto.load_from_disk(tmp_path / "other.pkl")
+
+
+# ---------------------------------------------------------------- make_iterator
+def test_make_iterator_in_order() -> None:
+    batches = list(make(6).make_iterator(mini_batch_size=2, epochs=2))
+    assert [rows_of(b) for b in batches] == [[0, 1], [2, 3], [4, 5]] * 2
+    assert all(b.meta_info == {"temperature": 1.0} for b in batches)
+
+
+def test_make_iterator_shuffle_is_seeded_and_covers_every_row() -> None:
+    dp = make(8)
+
+    def run(seed: int) -> list[list[int]]:
+        batches = dp.make_iterator(4, 2, seed=seed, dataloader_kwargs={"shuffle": True})
+        return [rows_of(b) for b in batches]
+
+    first, again, other = run(1), run(1), run(2)
+    assert first == again and first != other
+    assert sorted(first[0] + first[1]) == list(range(8)) and sorted(first[2] + first[3]) == list(range(8))
+    assert first[:2] != first[2:]  # each epoch draws a new order
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"mini_batch_size": 4, "epochs": 1}, "must be a positive int that divides the batch size 6"),
+        ({"mini_batch_size": 0, "epochs": 1}, "must be a positive int"),
+        ({"mini_batch_size": 2, "epochs": -1}, "non-negative int epochs"),
+        (
+            {"mini_batch_size": 2, "epochs": 1, "dataloader_kwargs": {"num_workers": 2}},
+            "only dataloader_kwargs",
+        ),
+    ],
+)
+def test_make_iterator_errors(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make(6).make_iterator(**kwargs)

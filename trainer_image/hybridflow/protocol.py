@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +113,17 @@ def _row_index(indices: Sequence[int] | Sequence[bool] | np.ndarray | torch.Tens
     if index.is_floating_point() or index.is_complex():
         raise TypeError(f"DataProto row indices must be integers or booleans, got dtype {index.dtype}")
     return index.reshape(-1).to(torch.long)
+
+
+def _compact(tensor: torch.Tensor) -> torch.Tensor:
+    """Copy a tensor whose storage holds more than its own elements; return others unchanged."""
+    # torch pickles a view together with its whole storage, so a chunk of a batch (a slice) would
+    # ship every row of the parent to the rank that receives it; a copy ships only its own rows.
+    if tensor.layout != torch.strided or tensor.device.type == "meta":
+        return tensor
+    if tensor.untyped_storage().nbytes() > tensor.numel() * tensor.element_size():
+        return tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
 
 
 def _merge_meta_info(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -424,6 +437,50 @@ class DataProto:
             return [self.slice(0, 0)]
         return [self.slice(start, start + split_size) for start in range(0, n, split_size)]
 
+    def make_iterator(
+        self,
+        mini_batch_size: int,
+        epochs: int,
+        seed: int | None = None,
+        dataloader_kwargs: dict[str, Any] | None = None,
+    ) -> Iterator[DataProto]:
+        """Yield mini-batches of ``mini_batch_size`` rows for ``epochs`` passes (verl's signature).
+
+        Of ``dataloader_kwargs`` only ``shuffle`` is honoured: with ``shuffle=True`` every epoch
+        draws a new row order from a generator seeded with ``seed`` (reproducible when set).
+        """
+        options = dict(dataloader_kwargs or {})
+        shuffle = bool(options.pop("shuffle", False))
+        if options:
+            raise ValueError(
+                f"DataProto.make_iterator supports only dataloader_kwargs={{'shuffle': bool}}, got extra "
+                f"{sorted(options)}; drop them"
+            )
+        n = len(self)
+        if not isinstance(mini_batch_size, int) or mini_batch_size < 1 or n % mini_batch_size != 0:
+            raise ValueError(
+                f"DataProto.make_iterator: mini_batch_size={mini_batch_size!r} must be a positive int that "
+                f"divides the batch size {n}; pick a divisor or use dp.split for a smaller last part"
+            )
+        if not isinstance(epochs, int) or epochs < 0:
+            raise ValueError(f"DataProto.make_iterator needs a non-negative int epochs, got {epochs!r}")
+        generator = torch.Generator()
+        if seed is not None:
+            generator.manual_seed(seed)
+        return self._iterate(mini_batch_size, epochs, shuffle, generator)
+
+    def _iterate(
+        self, mini_batch_size: int, epochs: int, shuffle: bool, generator: torch.Generator
+    ) -> Iterator[DataProto]:
+        n = len(self)
+        for _ in range(epochs):
+            order = torch.randperm(n, generator=generator) if shuffle else None
+            for start in range(0, n, mini_batch_size):
+                if order is None:
+                    yield self.slice(start, start + mini_batch_size)
+                else:
+                    yield self.select_idxs(order[start : start + mini_batch_size])
+
     @staticmethod
     def concat(data: Sequence[DataProto]) -> DataProto:
         """Append the rows of several DataProtos with the same keys; meta_info is merged."""
@@ -504,6 +561,30 @@ class DataProto:
     def clone(self) -> DataProto:
         """A deep copy: tensors cloned, non-tensor arrays and meta_info deep-copied."""
         return self.select(deepcopy=True)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle state with every tensor compacted to its own rows (see `_compact`)."""
+        state = dict(self.__dict__)
+        state["batch"] = {k: _compact(v) for k, v in self.batch.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore from `__getstate__`'s dict."""
+        self.__dict__.update(state)
+
+    def save_to_disk(self, path: str | os.PathLike[str]) -> None:
+        """Write this DataProto to a local file with pickle (a debugging aid, as in verl)."""
+        with open(path, "wb") as f:
+            pickle.dump(self, f)
+
+    @staticmethod
+    def load_from_disk(path: str | os.PathLike[str]) -> DataProto:
+        """Read a DataProto written by `save_to_disk` (pickle: only load files you wrote yourself)."""
+        with open(path, "rb") as f:
+            data = pickle.load(f)
+        if not isinstance(data, DataProto):
+            raise TypeError(f"{path} holds a {type(data).__name__}, not a DataProto written by save_to_disk")
+        return data
 
     def __repr__(self) -> str:
         """Summarise the keys with dtypes and shapes."""
