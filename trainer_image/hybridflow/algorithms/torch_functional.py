@@ -1,0 +1,79 @@
+"""Masked statistics and log-prob/entropy helpers (pure torch, names follow ``verl.utils.torch_functional``)."""
+
+from __future__ import annotations
+
+import torch
+
+Axis = int | tuple[int, ...] | None
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, axis: Axis = None) -> torch.Tensor:
+    """Sum of ``values * mask``; entries outside the mask never leak, even when they are NaN or inf."""
+    mask = mask.to(values.dtype)
+    kept = torch.where(mask.bool(), values, torch.zeros_like(values))
+    return (kept * mask).sum(dim=axis)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, axis: Axis = None) -> torch.Tensor:
+    """Mean of ``values`` over the mask; 0 (not NaN) where the mask is empty."""
+    mask = mask.to(values.dtype)
+    # The 1e-8 keeps an empty mask at 0/1e-8 = 0, the same guard verl uses, so numerics match.
+    return masked_sum(values, mask, axis) / (mask.sum(dim=axis) + 1e-8)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of ``values`` over the whole mask (Bessel-corrected when ``unbiased`` and >1 element).
+
+    verl raises when the mask holds 0 or 1 elements; here the variance is then 0 (no correction),
+    so a batch that is almost fully masked cannot turn into NaN.
+    """
+    mean = masked_mean(values, mask)
+    variance = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        count = mask.to(values.dtype).sum()
+        if count > 1:
+            variance = variance * count / (count - 1)
+    return variance
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """Normalise ``values`` to zero mean and unit variance over the mask (keep the mean if not ``shift_mean``)."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.Tensor) -> torch.Tensor:
+    """Clamp ``x`` element-wise between two tensors (``torch.clamp`` with tensor bounds)."""
+    return torch.max(torch.min(x, tensor_max), tensor_min)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution given by ``logits`` over the last dimension."""
+    # H = logsumexp(z) - sum_i softmax(z)_i * z_i
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+    """Log-probability of each ``labels`` token under ``logits`` (shape ``labels.shape``).
+
+    fp32/fp64 use ``z_label - logsumexp(z)`` without materialising the softmax. Half precision is
+    upcast to fp32 a chunk of rows at a time (log-softmax in bf16 loses ~2 digits) and cast back.
+    """
+    if logits.dtype in (torch.float32, torch.float64):
+        picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
+        return picked - torch.logsumexp(logits, dim=-1)
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_labels = labels.reshape(-1)
+    out = torch.empty(flat_labels.shape, dtype=logits.dtype, device=logits.device)
+    chunks = []
+    for start in range(0, flat_labels.numel(), chunk_rows):
+        rows = flat_logits[start : start + chunk_rows].float()
+        logp = torch.log_softmax(rows, dim=-1)
+        chunks.append(torch.gather(logp, -1, flat_labels[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1))
+    if chunks:
+        out = torch.cat(chunks).to(logits.dtype)
+    return out.reshape(labels.shape)
