@@ -1,0 +1,1 @@
+"""Implementation of `hybridflow.config`; import from `hybridflow.config`, not from here."""

@@ -1,0 +1,113 @@
+"""Hydra-style command-line overrides (`a.b=v`, `+a.b=v`, `++a.b=v`, `~a.b`) applied to a mapping."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+# PyYAML follows YAML 1.1, where "1e-6" (no dot) is a string; Hydra and verl users mean a float.
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+HOW_TO = "write key=value, +key=value (add), ++key=value (add or replace) or ~key (remove)"
+
+
+def parse_value(text: str) -> Any:
+    """Read an override's value as YAML (lists, bools, null, numbers); fall back to the raw text."""
+    if text == "":
+        return ""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and _FLOAT.match(value.strip()):
+        return float(value)
+    return value
+
+
+def apply_overrides(mapping: Mapping[str, Any] | None, overrides: Iterable[str]) -> dict[str, Any]:
+    """Return a copy of `mapping` with the overrides applied in order; ConfigError lists every bad one.
+
+    `a.b=v` sets a key, creating missing parent groups; `+a.b=v` adds a key that must not exist yet;
+    `++a.b=v` adds or replaces; `~a.b` removes a key (a missing key is already at its default, so that
+    is not an error); `~a.b=v` removes it only if it currently equals v.
+    """
+    result: dict[str, Any] = copy.deepcopy(dict(mapping or {}))
+    problems: list[str] = []
+    for raw in overrides:
+        try:
+            _apply_one(result, raw)
+        except _OverrideError as exc:
+            problems.append(f"{raw!r}: {exc}")
+    if problems:
+        raise ConfigError(problems)
+    return result
+
+
+class _OverrideError(Exception):
+    """One override that cannot be applied."""
+
+
+def _apply_one(tree: dict[str, Any], raw: str) -> None:
+    """Apply one override to `tree` in place."""
+    text = raw.strip()
+    if text.startswith("~"):
+        key, sep, value_text = text[1:].partition("=")
+        _remove(tree, _split_key(key), parse_value(value_text) if sep else _NO_VALUE)
+        return
+    mode = "++" if text.startswith("++") else "+" if text.startswith("+") else ""
+    key, sep, value_text = text[len(mode) :].partition("=")
+    if not sep:
+        raise _OverrideError(f"missing '='; {HOW_TO}")
+    parts = _split_key(key)
+    parent = _parent(tree, parts, create=True)
+    if mode == "+" and parts[-1] in parent:
+        raise _OverrideError(
+            f"{key.strip()} already exists (value {parent[parts[-1]]!r}); use {key.strip()}=... to replace it"
+        )
+    parent[parts[-1]] = parse_value(value_text)
+
+
+_NO_VALUE = object()
+
+
+def _remove(tree: dict[str, Any], parts: list[str], expected: Any) -> None:
+    """Delete the key at `parts`, if present (and equal to `expected` when given)."""
+    parent = _parent(tree, parts, create=False)
+    if parent is None or parts[-1] not in parent:
+        return
+    if expected is not _NO_VALUE and parent[parts[-1]] != expected:
+        raise _OverrideError(
+            f"current value {parent[parts[-1]]!r} differs from {expected!r}; nothing removed"
+        )
+    del parent[parts[-1]]
+
+
+def _split_key(key: str) -> list[str]:
+    """Check and split a dotted key."""
+    key = key.strip()
+    if not _KEY.match(key):
+        raise _OverrideError(f"{key!r} is not a dotted key like trainer.nnodes; {HOW_TO}")
+    return key.split(".")
+
+
+def _parent(tree: dict[str, Any], parts: list[str], *, create: bool) -> Any:
+    """The mapping that holds the last key of `parts`; None when absent and not creating."""
+    node: Any = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            if not create:
+                return None
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            where = ".".join(parts[: i + 1])
+            raise _OverrideError(f"{where} holds {child!r}, not a group, so it has no key {parts[i + 1]!r}")
+        node = child
+    return node

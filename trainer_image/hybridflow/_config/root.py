@@ -1,0 +1,108 @@
+"""HybridFlowConfig: the whole trainer config, with derived values filled in and cross-field rules."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from . import rules
+from .common import Section
+from .errors import RULES_ERROR, ConfigError
+from .groups import AlgorithmConfig, CustomRewardFunction, DataConfig, RayInitConfig, TrainerConfig
+from .interpolation import has_reference, resolve_tree
+from .workers import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
+
+
+class HybridFlowConfig(Section):
+    """The HybridFlow trainer config, in verl's nested shape and key names."""
+
+    # Whole-config rules run once at construction; assigning to a group must not re-run them all.
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Data and batch sizes.")
+    actor_rollout_ref: ActorRolloutRefConfig = Field(
+        default_factory=ActorRolloutRefConfig, description="Policy model; actor, rollout and reference roles."
+    )
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model (GAE).")
+    reward_model: RewardModelConfig = Field(default_factory=RewardModelConfig, description="Reward scoring.")
+    custom_reward_function: CustomRewardFunction = Field(
+        default_factory=CustomRewardFunction, description="User reward function."
+    )
+    trainer: TrainerConfig = Field(
+        default_factory=TrainerConfig, description="Run, cluster, logging, checkpoints."
+    )
+    ray_init: RayInitConfig = Field(default_factory=RayInitConfig, description="ray.init arguments.")
+
+    @model_validator(mode="after")
+    def _derive_and_check(self) -> HybridFlowConfig:
+        """Fill in values that default to other keys, then check every cross-field rule at once."""
+        _fill_derived(self)
+        problems = _resolve_default_references(self)
+        problems += rules.check(self)
+        if problems:
+            raise PydanticCustomError(RULES_ERROR, "\n".join(problems), {"problems": problems})
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Trainer ranks in the cluster: trainer.nnodes x trainer.n_gpus_per_node."""
+        return self.trainer.nnodes * self.trainer.n_gpus_per_node
+
+    @property
+    def critic_enabled(self) -> bool:
+        """Whether a critic is trained: critic.enable, or (when null) whether the estimator is gae."""
+        if self.critic.enable is not None:
+            return self.critic.enable
+        return self.algorithm.adv_estimator == "gae"
+
+    @property
+    def ref_enabled(self) -> bool:
+        """Whether a reference policy is needed: a KL loss or a KL penalty in the reward."""
+        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain nested data (JSON types); `parse_config` of it gives an equal config."""
+        return self.model_dump(mode="json")
+
+    def validate_for_run(self) -> None:
+        """Raise ConfigError when something only a real run needs is missing (model path, data)."""
+        problems = rules.check_runnable(self)
+        if problems:
+            raise ConfigError(problems)
+
+
+def _fill_derived(cfg: HybridFlowConfig) -> None:
+    """Replace nulls that mean "same as another key" (verl writes these as `${...}` references)."""
+    arr = cfg.actor_rollout_ref
+    actor, ref, rollout, critic = arr.actor, arr.ref, arr.rollout, cfg.critic
+    _default(actor, "clip_ratio_low", actor.clip_ratio)
+    _default(actor, "clip_ratio_high", actor.clip_ratio)
+    _default(arr.model, "tokenizer_path", arr.model.path)
+    _default(ref, "strategy", actor.strategy)
+    for role in (ref, rollout):
+        _default(role, "log_prob_use_dynamic_bsz", actor.use_dynamic_bsz)
+        _default(role, "log_prob_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu)
+    _default(rollout, "prompt_length", cfg.data.max_prompt_length)
+    _default(rollout, "response_length", cfg.data.max_response_length)
+    _default(critic.model, "path", arr.model.path)
+    _default(critic.model, "tokenizer_path", arr.model.path)
+    for name in ("ppo_mini_batch_size", "use_dynamic_bsz", "ppo_epochs", "shuffle", "loss_agg_mode"):
+        _default(critic, name, getattr(actor, name))
+
+
+def _default(section: Section, name: str, value: Any) -> None:
+    """Set `section.name` to `value` if it is null (without re-validating the section)."""
+    if getattr(section, name) is None:
+        object.__setattr__(section, name, value)
+
+
+def _resolve_default_references(cfg: HybridFlowConfig) -> list[str]:
+    """Resolve `${...}` left in string values (defaults such as trainer.default_local_dir)."""
+    if not has_reference(cfg.trainer.default_local_dir):
+        return []
+    resolved, problems = resolve_tree(cfg.model_dump())
+    object.__setattr__(cfg.trainer, "default_local_dir", resolved["trainer"]["default_local_dir"])
+    return problems

@@ -1,0 +1,242 @@
+"""Cross-field rules: each returns `path: what is wrong; what to do` lines, all checked at once."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .names import GROUP_ESTIMATORS
+
+if TYPE_CHECKING:
+    from .root import HybridFlowConfig
+
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def check(cfg: HybridFlowConfig) -> list[str]:
+    """Every cross-field problem of a config (empty when consistent)."""
+    problems: list[str] = []
+    for rule in (_cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _trainer):
+        problems.extend(rule(cfg))
+    return problems
+
+
+def check_runnable(cfg: HybridFlowConfig) -> list[str]:
+    """Problems that matter only for a real run: inputs that have no sensible default."""
+    problems: list[str] = []
+    if not cfg.actor_rollout_ref.model.path:
+        problems.append(
+            "actor_rollout_ref.model.path: required to run; set it to a Hugging Face model folder or hub id"
+        )
+    if not cfg.data.train_files:
+        problems.append(
+            "data.train_files: required to run; set it to a parquet file or URI (or a list of them)"
+        )
+    if cfg.reward_model.enable and not cfg.reward_model.model.path:
+        problems.append(
+            "reward_model.model.path: required when reward_model.enable is true; set it or disable the reward model"
+        )
+    return problems
+
+
+def _divisors(n: int) -> str:
+    """The divisors of n, for messages."""
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _cluster(cfg: HybridFlowConfig) -> list[str]:
+    """Tensor parallelism fits the nodes; split placement has devices to split."""
+    out = []
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    per_node = cfg.trainer.n_gpus_per_node
+    if per_node % tp:
+        out.append(
+            f"{ROLLOUT}.tensor_model_parallel_size: {tp} does not divide trainer.n_gpus_per_node ({per_node}); "
+            f"use one of {_divisors(per_node)}"
+        )
+    if cfg.actor_rollout_ref.rollout.name == "hf" and tp != 1:
+        out.append(f"{ROLLOUT}.tensor_model_parallel_size: the hf rollout does not shard; set it to 1")
+    if cfg.trainer.placement == "split" and cfg.world_size < 2:
+        out.append(
+            "trainer.placement: split needs at least 2 devices (nnodes x n_gpus_per_node is "
+            f"{cfg.world_size}); use colocate or add devices"
+        )
+    return out
+
+
+def _batch_sizes(cfg: HybridFlowConfig) -> list[str]:
+    """Batches split evenly into mini-batches, ranks and micro-batches (as verl requires)."""
+    n, world = cfg.actor_rollout_ref.rollout.n, cfg.world_size
+    train = cfg.data.train_batch_size
+    out = []
+    if (train * n) % world:
+        out.append(
+            f"data.train_batch_size: {train} prompts x rollout.n {n} = {train * n} responses do not split evenly "
+            f"over {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); make the product a multiple of {world}"
+        )
+    actor = cfg.actor_rollout_ref.actor
+    out += _role_batches(
+        ACTOR,
+        train,
+        n,
+        world,
+        actor.ppo_mini_batch_size,
+        actor.ppo_micro_batch_size_per_gpu,
+        actor.use_dynamic_bsz,
+    )
+    critic = cfg.critic
+    if cfg.critic_enabled and critic.ppo_mini_batch_size is not None:
+        # The critic inherits the actor's sizes by default: do not report the same problem twice.
+        seen = {p.split(": ", 1)[1] for p in out}
+        out += [
+            p
+            for p in _role_batches(
+                "critic",
+                train,
+                n,
+                world,
+                critic.ppo_mini_batch_size,
+                critic.ppo_micro_batch_size_per_gpu,
+                bool(critic.use_dynamic_bsz),
+            )
+            if p.split(": ", 1)[1] not in seen
+        ]
+    return out
+
+
+def _role_batches(
+    where: str, train: int, n: int, world: int, mini: int, micro: int | None, dynamic: bool
+) -> list[str]:
+    """Mini-batch and micro-batch divisibility for one trained role."""
+    if train % mini:
+        lower = [m for m in (mini // 2, mini // 4) if m and train % m == 0]
+        hint = f", e.g. {lower[0]}" if lower else ""
+        return [
+            f"{where}.ppo_mini_batch_size: {mini} does not divide data.train_batch_size ({train}); "
+            f"use a divisor of {train}{hint}, or change train_batch_size"
+        ]
+    responses = mini * n
+    if responses % world:
+        return [
+            f"{where}.ppo_mini_batch_size: {mini} prompts x rollout.n {n} = {responses} responses per mini-batch "
+            f"do not split over {world} ranks; make it a multiple of {world // _gcd(world, n)}"
+        ]
+    per_rank = responses // world
+    if micro is not None and not dynamic and per_rank % micro:
+        return [
+            f"{where}.ppo_micro_batch_size_per_gpu: {micro} does not divide the {per_rank} responses each rank "
+            f"gets per mini-batch (ppo_mini_batch_size x rollout.n / {world} ranks); use one of {_divisors(per_rank)}"
+        ]
+    return []
+
+
+def _gcd(a: int, b: int) -> int:
+    """Greatest common divisor."""
+    while b:
+        a, b = b, a % b
+    return a
+
+
+def _algorithm(cfg: HybridFlowConfig) -> list[str]:
+    """The estimator has what it needs: responses to compare, or a critic."""
+    out = []
+    est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
+    if est in GROUP_ESTIMATORS and n < 2:
+        out.append(
+            f"{ROLLOUT}.n: {est} compares several responses per prompt, so it needs n > 1 (got {n}); "
+            "set e.g. actor_rollout_ref.rollout.n=8"
+        )
+    if est == "gae" and cfg.critic.enable is False:
+        out.append(
+            "critic.enable: gae needs a critic (value estimates); set critic.enable=true (or null), "
+            "or pick a critic-free estimator such as algorithm.adv_estimator=grpo"
+        )
+    if cfg.trainer.critic_warmup > 0 and not cfg.critic_enabled:
+        out.append("trainer.critic_warmup: there is no critic to warm up; set it to 0 or enable the critic")
+    groups = cfg.algorithm.filter_groups
+    if groups.enable and groups.metric is None:
+        out.append(
+            "algorithm.filter_groups.metric: required when filter_groups.enable is true; set it to acc, score, "
+            "seq_reward or seq_final_reward"
+        )
+    if groups.enable and n < 2:
+        out.append(
+            f"algorithm.filter_groups.enable: dynamic sampling filters groups of responses, so it needs "
+            f"{ROLLOUT}.n > 1 (got {n}); raise n or disable filter_groups"
+        )
+    return out
+
+
+def _sampling(cfg: HybridFlowConfig) -> list[str]:
+    """Several responses per prompt must be able to differ."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.n > 1 and (not rollout.do_sample or rollout.temperature == 0):
+        return [
+            f"{ROLLOUT}.do_sample: with greedy decoding (do_sample false or temperature 0) all {rollout.n} "
+            "responses to a prompt are identical and group advantages are zero; set do_sample=true and "
+            "temperature > 0, or n=1"
+        ]
+    return []
+
+
+def _dynamic_bsz(cfg: HybridFlowConfig) -> list[str]:
+    """With token-budget micro-batches, one full-length sequence must fit the budget."""
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    arr = cfg.actor_rollout_ref
+    budgets = [
+        (
+            f"{ACTOR}.ppo_max_token_len_per_gpu",
+            arr.actor.use_dynamic_bsz,
+            arr.actor.ppo_max_token_len_per_gpu,
+        ),
+        (
+            "critic.ppo_max_token_len_per_gpu",
+            cfg.critic_enabled and cfg.critic.use_dynamic_bsz,
+            cfg.critic.ppo_max_token_len_per_gpu,
+        ),
+        (
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+            arr.ref.log_prob_use_dynamic_bsz,
+            arr.ref.log_prob_max_token_len_per_gpu,
+        ),
+        (
+            f"{ROLLOUT}.log_prob_max_token_len_per_gpu",
+            arr.rollout.log_prob_use_dynamic_bsz,
+            arr.rollout.log_prob_max_token_len_per_gpu,
+        ),
+    ]
+    return [
+        f"{path}: {budget} tokens cannot hold one sequence of max_prompt_length + max_response_length = "
+        f"{longest}; raise it to at least {longest}"
+        for path, dynamic, budget in budgets
+        if dynamic and budget is not None and budget < longest
+    ]
+
+
+def _lengths(cfg: HybridFlowConfig) -> list[str]:
+    """Engine context and DAPO overlong buffer fit the configured lengths."""
+    out = []
+    rollout = cfg.actor_rollout_ref.rollout
+    prompt, response = rollout.prompt_length or 0, rollout.response_length or 0
+    if rollout.max_model_len is not None and rollout.max_model_len < prompt + response:
+        out.append(
+            f"{ROLLOUT}.max_model_len: {rollout.max_model_len} is less than prompt_length + response_length "
+            f"({prompt + response}); raise it or leave it null"
+        )
+    buffer = cfg.reward_model.overlong_buffer
+    if buffer.enable and not 0 < buffer.len <= response:
+        out.append(
+            f"reward_model.overlong_buffer.len: must be between 1 and the response length ({response}) when "
+            f"the overlong buffer is enabled (got {buffer.len}); e.g. {max(1, response // 4)}"
+        )
+    return out
+
+
+def _trainer(cfg: HybridFlowConfig) -> list[str]:
+    """Resume settings agree."""
+    if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
+        return [
+            "trainer.resume_from_path: required when trainer.resume_mode is resume_path; set the checkpoint "
+            "to resume from, or use resume_mode=auto"
+        ]
+    return []

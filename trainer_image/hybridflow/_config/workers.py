@@ -1,0 +1,281 @@
+"""Config groups of the worker roles: `actor_rollout_ref`, `critic` and `reward_model`."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .common import CheckpointConfig, FsdpConfig, OptimConfig, Section
+from .names import KlPenalty, LossAggMode, PolicyLoss, RewardManager, RolloutName
+
+Strategy = Literal["fsdp2", "fsdp"]
+STRATEGY_DOC = "fsdp2 (torch fully_shard, the default here) or fsdp (FSDP1, verl's default)."
+
+
+class ModelConfig(Section):
+    """The policy model (also the starting point of the reference model)."""
+
+    path: str | None = Field(
+        default=None, description="Hugging Face model folder or hub id. Required to run."
+    )
+    tokenizer_path: str | None = Field(default=None, description="Tokenizer location; null means path.")
+    trust_remote_code: bool = Field(default=False, description="Allow the model's own Python code to run.")
+    use_remove_padding: bool = Field(default=False, description="Pack sequences without padding tokens.")
+    enable_gradient_checkpointing: bool = Field(
+        default=True, description="Recompute activations in backward to save memory."
+    )
+    override_config: dict[str, Any] = Field(
+        default_factory=dict, description="Keys overriding the model's Hugging Face config."
+    )
+    external_lib: str | None = Field(
+        default=None, description="Module to import before loading (registers custom model classes)."
+    )
+
+
+class PolicyLossConfig(Section):
+    """Which policy-gradient loss the actor minimises."""
+
+    loss_mode: PolicyLoss = Field(
+        default="vanilla",
+        description="vanilla: PPO clip with dual clip; gspo, gpg, cispo: their papers' losses.",
+    )
+
+
+class ActorConfig(Section):
+    """PPO actor: batch sizes, clipping, KL loss, optimizer, sharding."""
+
+    strategy: Strategy = Field(default="fsdp2", description=STRATEGY_DOC)
+    ppo_mini_batch_size: int = Field(
+        default=256, gt=0, description="Prompts per optimizer step (times rollout.n responses)."
+    )
+    ppo_micro_batch_size_per_gpu: int | None = Field(
+        default=None, gt=0, description="Responses per forward/backward on one rank; null: the whole share."
+    )
+    use_dynamic_bsz: bool = Field(default=False, description="Pack micro-batches by token count instead.")
+    ppo_max_token_len_per_gpu: int = Field(
+        default=16384, gt=0, description="Token budget per micro-batch with use_dynamic_bsz."
+    )
+    grad_clip: float = Field(default=1.0, gt=0, description="Clip the global gradient norm to this.")
+    clip_ratio: float = Field(
+        default=0.2, gt=0, description="PPO clip epsilon (both sides unless set apart)."
+    )
+    clip_ratio_low: float | None = Field(
+        default=None, gt=0, description="Lower clip epsilon; null means clip_ratio."
+    )
+    clip_ratio_high: float | None = Field(
+        default=None, gt=0, description="Upper clip epsilon (DAPO clip-higher); null means clip_ratio."
+    )
+    clip_ratio_c: float = Field(
+        default=3.0, gt=1, description="Dual-clip bound for negative advantages, > 1 (arXiv:1912.09729)."
+    )
+    loss_agg_mode: LossAggMode = Field(default="token-mean", description="Reduction of the per-token loss.")
+    entropy_coeff: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient.")
+    use_kl_loss: bool = Field(default=False, description="Add a KL-to-reference loss term (GRPO style).")
+    kl_loss_coef: float = Field(default=0.001, ge=0, description="Weight of the KL loss.")
+    kl_loss_type: KlPenalty = Field(default="low_var_kl", description="KL estimator of the KL loss.")
+    ppo_epochs: int = Field(default=1, gt=0, description="Passes over each batch.")
+    shuffle: bool = Field(default=False, description="Shuffle the batch between PPO epochs.")
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig, description="Policy loss choice.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
+    fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig, description="Sharding and offload.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint contents.")
+
+
+class RefConfig(Section):
+    """Reference policy: a frozen copy of the initial actor for the KL term."""
+
+    strategy: Strategy | None = Field(default=None, description="Sharding; null means the actor's.")
+    log_prob_micro_batch_size_per_gpu: int | None = Field(
+        default=None, gt=0, description="Responses per forward on one rank; null: the whole share."
+    )
+    log_prob_use_dynamic_bsz: bool | None = Field(
+        default=None, description="Pack by token count; null means actor.use_dynamic_bsz."
+    )
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        default=None,
+        gt=0,
+        description="Token budget per micro-batch; null means actor.ppo_max_token_len_per_gpu.",
+    )
+    fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig, description="Sharding and offload.")
+
+
+class SamplingConfig(Section):
+    """Sampling parameters for validation generations."""
+
+    top_k: int = Field(default=-1, ge=-1, description="Top-k; -1 (or 0) disables it.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    temperature: float = Field(default=0.0, ge=0, description="Temperature; 0 is greedy.")
+    n: int = Field(default=1, gt=0, description="Responses per prompt.")
+    do_sample: bool = Field(default=False, description="Sample (true) or decode greedily (false).")
+
+
+class RolloutConfig(Section):
+    """Generation engine and sampling for training rollouts."""
+
+    name: RolloutName = Field(default="vllm", description="Engine: vllm, sglang, or hf (plain generate).")
+    mode: Literal["sync", "async"] = Field(default="sync", description="sync: batch generate; async: server.")
+    n: int = Field(default=1, gt=0, description="Responses sampled per prompt (> 1 for group estimators).")
+    temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
+    top_k: int = Field(default=-1, ge=-1, description="Top-k; -1 (or 0) disables it.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    prompt_length: int | None = Field(default=None, gt=0, description="Null means data.max_prompt_length.")
+    response_length: int | None = Field(
+        default=None, gt=0, description="Null means data.max_response_length."
+    )
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
+        default="bfloat16", description="Engine weight dtype; keep it equal to the actor's compute dtype."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.5, gt=0, le=1, description="Share of device memory for the engine (of RAM on vLLM-CPU)."
+    )
+    ignore_eos: bool = Field(default=False, description="Keep generating past end-of-sequence.")
+    enforce_eager: bool = Field(
+        default=False, description="Disable CUDA graphs (faster start, slower decode)."
+    )
+    free_cache_engine: bool = Field(default=True, description="Free the KV cache between rollouts.")
+    tensor_model_parallel_size: int = Field(
+        default=1, gt=0, description="Devices per engine replica; must divide n_gpus_per_node."
+    )
+    max_num_batched_tokens: int = Field(default=8192, gt=0, description="Engine token budget per step.")
+    max_model_len: int | None = Field(default=None, gt=0, description="Engine context limit; null: derived.")
+    max_num_seqs: int = Field(default=1024, gt=0, description="Engine concurrent sequences.")
+    enable_chunked_prefill: bool = Field(default=True, description="Split long prefills into chunks.")
+    enable_prefix_caching: bool = Field(default=True, description="Reuse KV blocks of shared prefixes.")
+    load_format: str = Field(
+        default="dummy",
+        description="How the engine loads weights; dummy: random, the actor pushes real ones.",
+    )
+    log_prob_micro_batch_size_per_gpu: int | None = Field(
+        default=None, gt=0, description="Responses per forward when recomputing old log-probs."
+    )
+    log_prob_use_dynamic_bsz: bool | None = Field(
+        default=None, description="Pack by token count; null means actor.use_dynamic_bsz."
+    )
+    log_prob_max_token_len_per_gpu: int | None = Field(
+        default=None,
+        gt=0,
+        description="Token budget per micro-batch; null means actor.ppo_max_token_len_per_gpu.",
+    )
+    do_sample: bool = Field(default=True, description="Sample (true) or decode greedily (false).")
+    calculate_log_probs: bool = Field(default=False, description="Return the engine's log-probs (debugging).")
+    engine_kwargs: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Extra engine arguments by engine name, e.g. {vllm: {swap_space: 4}}.",
+    )
+    val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig, description="Validation sampling.")
+
+
+class ActorRolloutRefConfig(Section):
+    """The policy model and the three roles built from it: actor, rollout, reference."""
+
+    hybrid_engine: bool = Field(
+        default=True, description="Actor and rollout share one worker (verl's hybrid engine)."
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="PPO actor.")
+    ref: RefConfig = Field(default_factory=RefConfig, description="Reference policy.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
+
+
+class CriticModelConfig(Section):
+    """The value model."""
+
+    path: str | None = Field(default=None, description="Model to start the critic from; null: the policy's.")
+    tokenizer_path: str | None = Field(
+        default=None, description="Tokenizer; null means the policy model's path."
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow the model's own Python code to run.")
+    use_remove_padding: bool = Field(default=False, description="Pack sequences without padding tokens.")
+    enable_gradient_checkpointing: bool = Field(
+        default=True, description="Recompute activations in backward."
+    )
+    override_config: dict[str, Any] = Field(
+        default_factory=dict, description="Hugging Face config overrides."
+    )
+    external_lib: str | None = Field(default=None, description="Module to import before loading.")
+    fsdp_config: FsdpConfig = Field(
+        default_factory=FsdpConfig, description="Sharding and offload (verl's place)."
+    )
+
+
+class CriticConfig(Section):
+    """PPO value function (needed by GAE)."""
+
+    enable: bool | None = Field(
+        default=None, description="Train a critic; null means: only when algorithm.adv_estimator is gae."
+    )
+    strategy: Strategy = Field(default="fsdp2", description=STRATEGY_DOC)
+    model: CriticModelConfig = Field(default_factory=CriticModelConfig, description="The value model.")
+    optim: OptimConfig = Field(
+        default_factory=lambda: OptimConfig(lr=1e-5),
+        description="Optimizer and schedule (lr 1e-5 by default).",
+    )
+    ppo_mini_batch_size: int | None = Field(
+        default=None, gt=0, description="Prompts per optimizer step; null means the actor's."
+    )
+    ppo_micro_batch_size_per_gpu: int | None = Field(
+        default=None, gt=0, description="Responses per forward/backward on one rank; null: the whole share."
+    )
+    use_dynamic_bsz: bool | None = Field(default=None, description="Pack by token count; null: the actor's.")
+    ppo_max_token_len_per_gpu: int = Field(default=32768, gt=0, description="Token budget per micro-batch.")
+    ppo_epochs: int | None = Field(
+        default=None, gt=0, description="Passes over each batch; null: the actor's."
+    )
+    shuffle: bool | None = Field(default=None, description="Shuffle between epochs; null: the actor's.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Clip the global gradient norm to this.")
+    cliprange_value: float = Field(
+        default=0.5, gt=0, description="Clip of the value update around old values."
+    )
+    loss_agg_mode: LossAggMode | None = Field(default=None, description="Loss reduction; null: the actor's.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint contents.")
+
+
+class RewardModelModelConfig(Section):
+    """The reward model itself."""
+
+    path: str | None = Field(
+        default=None, description="Sequence-classification model. Required when enabled."
+    )
+    input_tokenizer: str | None = Field(
+        default=None, description="Policy tokenizer to decode with before re-templating; null: same template."
+    )
+    trust_remote_code: bool = Field(default=False, description="Allow the model's own Python code to run.")
+    use_remove_padding: bool = Field(default=False, description="Pack sequences without padding tokens.")
+    external_lib: str | None = Field(default=None, description="Module to import before loading.")
+    fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig, description="Sharding and offload.")
+
+
+class OverlongBuffer(Section):
+    """DAPO soft overlong punishment (arXiv:2503.14476, section 3.4)."""
+
+    enable: bool = Field(default=False, description="Penalise responses that run into the last len tokens.")
+    len: int = Field(default=0, ge=0, description="Buffer length in tokens before max_response_length.")
+    penalty_factor: float = Field(default=0.0, ge=0, description="Penalty at the very end of the buffer.")
+    log: bool = Field(default=False, description="Log the penalty as a metric.")
+
+
+class RewardModelConfig(Section):
+    """Scoring: a reward model, or rule-based scorers through a reward manager."""
+
+    enable: bool = Field(
+        default=False, description="Score with a reward model (otherwise rules / a function)."
+    )
+    strategy: Strategy = Field(default="fsdp2", description=STRATEGY_DOC)
+    model: RewardModelModelConfig = Field(
+        default_factory=RewardModelModelConfig, description="The reward model."
+    )
+    micro_batch_size_per_gpu: int | None = Field(
+        default=None, gt=0, description="Responses per forward per rank."
+    )
+    max_length: int | None = Field(default=None, gt=0, description="Truncate reward-model inputs to this.")
+    use_dynamic_bsz: bool = Field(default=False, description="Pack by token count.")
+    forward_max_token_len_per_gpu: int | None = Field(
+        default=None, gt=0, description="Token budget per micro-batch with use_dynamic_bsz."
+    )
+    reward_manager: RewardManager = Field(default="naive", description="How scores are computed and batched.")
+    launch_reward_fn_async: bool = Field(default=False, description="Score on CPU while log-probs run.")
+    overlong_buffer: OverlongBuffer = Field(
+        default_factory=OverlongBuffer, description="DAPO overlong shaping."
+    )
+    reward_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra reward-manager arguments.")
