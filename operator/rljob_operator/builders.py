@@ -1,0 +1,218 @@
+"""Pure builders: the child manifests of an RLJob (one ConfigMap, one KubeRay RayJob per attempt).
+
+No I/O, no environment, no clock: the same RLJob and attempt always give the same dicts, so the
+operator can create-or-patch them at any time and `rljob render` shows exactly what would be applied.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from typing import Any
+
+import yaml
+
+from rljob_operator import api, names
+
+RAY_API_VERSION = "ray.io/v1"
+#: Ray version inside the trainer image (KubeRay uses it to pick compatible behaviour).
+RAY_VERSION = "2.60.0"
+METRICS_PORT = 8000
+TRAINER_MODULE = "hybridflow.trainer.main_ppo"
+_SHM_VOLUME = "dshm"
+_CONFIG_VOLUME = "hybridflow-config"
+
+
+def trainer_config(rljob: api.RLJob) -> dict[str, Any]:
+    """The full resolved trainer config of an RLJob, with the operator's overrides applied.
+
+    `spec.checkpoint` wins over `trainer.default_local_dir` / `trainer.max_actor_ckpt_to_keep`, and
+    `trainer.resume_mode` is `auto` so that every attempt resumes from the latest committed checkpoint.
+    """
+    config = rljob.spec.config
+    resolved: dict[str, Any] = copy.deepcopy(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+    trainer = resolved.setdefault("trainer", {})
+    if rljob.spec.checkpoint.uri:
+        trainer["default_local_dir"] = rljob.spec.checkpoint.uri
+    if rljob.spec.checkpoint.keep is not None:
+        trainer["max_actor_ckpt_to_keep"] = rljob.spec.checkpoint.keep
+        trainer["max_critic_ckpt_to_keep"] = rljob.spec.checkpoint.keep
+    trainer["resume_mode"] = "auto"
+    return resolved
+
+
+def cluster_shape(rljob: api.RLJob) -> tuple[int, int]:
+    """(worker nodes, GPUs per worker node) from spec.config.trainer; GPUs are 0 when device is cpu."""
+    trainer = trainer_config(rljob)["trainer"]
+    nnodes = int(trainer.get("nnodes", 1))
+    gpus = 0 if trainer.get("device", "cuda") == "cpu" else int(trainer.get("n_gpus_per_node", 8))
+    return nnodes, gpus
+
+
+def entrypoint(rljob: api.RLJob) -> str:
+    """The RayJob entrypoint: the trainer's CLI on the mounted config, resuming from checkpoints."""
+    argv = ["python", "-m", TRAINER_MODULE, names.CONFIG_PATH]
+    if rljob.spec.checkpoint.uri:
+        argv.append(f"trainer.default_local_dir={rljob.spec.checkpoint.uri}")
+    argv.append("trainer.resume_mode=auto")
+    return shlex.join(argv)
+
+
+def owner_reference(rljob: api.RLJob) -> dict[str, Any]:
+    """The controller ownerReference every child carries (garbage collection, watch routing)."""
+    if not rljob.metadata.uid:
+        raise ValueError(
+            f"RLJob {rljob.metadata.name!r} has no metadata.uid: children need it for their ownerReference; "
+            "read the RLJob from the API server (or give a placeholder uid when rendering offline)"
+        )
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "name": rljob.metadata.name,
+        "uid": rljob.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(rljob: api.RLJob, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if rljob.metadata.namespace:
+        meta["namespace"] = rljob.metadata.namespace
+    meta["labels"] = labels
+    meta["ownerReferences"] = [owner_reference(rljob)]
+    return meta
+
+
+def build_configmap(rljob: api.RLJob) -> dict[str, Any]:
+    """The ConfigMap `<rljob>-config` with the resolved trainer config under `config.yaml`."""
+    text = yaml.safe_dump(trainer_config(rljob), sort_keys=True, default_flow_style=False)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(rljob, names.config_map_name(rljob.metadata.name), names.base_labels(rljob.metadata.name)),
+        "data": {names.CONFIG_KEY: text},
+    }
+
+
+def _env(rljob: api.RLJob, attempt: int) -> list[dict[str, Any]]:
+    builtin: list[dict[str, Any]] = [
+        {"name": "RLJOB_NAME", "value": rljob.metadata.name},
+        {"name": "RLJOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "HYBRIDFLOW_ATTEMPT", "value": str(attempt)},
+        {"name": "HYBRIDFLOW_METRICS_PORT", "value": str(METRICS_PORT)},
+    ]
+    user = [e.model_dump(mode="json", exclude_none=True) for e in rljob.spec.pod.env]
+    return builtin + user
+
+
+def _env_from(rljob: api.RLJob) -> list[dict[str, Any]]:
+    sources = [e.model_dump(mode="json", exclude_none=True) for e in rljob.spec.pod.env_from]
+    secret = rljob.spec.checkpoint.secret_ref
+    if secret is not None:
+        # Credentials reach the trainer only by reference: the operator never reads secret values.
+        sources.append({"secretRef": {"name": secret.name}})
+    return sources
+
+
+def _resources(cpu: api.Quantity, memory: api.Quantity, gpu_name: str, gpus: int) -> dict[str, Any]:
+    amounts = {"cpu": str(cpu), "memory": str(memory)}
+    if gpus > 0:
+        amounts[gpu_name] = str(gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _pod_template(
+    rljob: api.RLJob, attempt: int, container: str, resources: dict[str, Any], ports: list[dict[str, Any]]
+) -> dict[str, Any]:
+    spec, pod = rljob.spec, rljob.spec.pod
+    main: dict[str, Any] = {
+        "name": container,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "env": _env(rljob, attempt),
+    }
+    env_from = _env_from(rljob)
+    if env_from:
+        main["envFrom"] = env_from
+    if ports:
+        main["ports"] = ports
+    main["resources"] = resources
+    main["volumeMounts"] = [
+        {"name": _CONFIG_VOLUME, "mountPath": names.CONFIG_MOUNT_DIR, "readOnly": True},
+        {"name": _SHM_VOLUME, "mountPath": "/dev/shm"},
+    ]
+    pod_spec: dict[str, Any] = {
+        "containers": [main],
+        "volumes": [
+            {"name": _CONFIG_VOLUME, "configMap": {"name": names.config_map_name(rljob.metadata.name)}},
+            # NCCL and Ray's object store need a /dev/shm much larger than the 64 MiB container default.
+            {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.resources.shared_memory)}},
+        ],
+    }
+    optional: dict[str, Any] = {
+        "nodeSelector": dict(pod.node_selector) or None,
+        "tolerations": [t.model_dump(mode="json", exclude_none=True) for t in pod.tolerations] or None,
+        "affinity": copy.deepcopy(pod.affinity) if pod.affinity else None,
+        "priorityClassName": pod.priority_class_name,
+        "schedulerName": pod.scheduler_name,
+        "serviceAccountName": pod.service_account_name,
+        "imagePullSecrets": [{"name": s.name} for s in spec.image_pull_secrets] or None,
+    }
+    pod_spec.update({k: v for k, v in optional.items() if v is not None})
+    metadata: dict[str, Any] = {"labels": {**pod.labels, **names.attempt_labels(rljob.metadata.name, attempt)}}
+    if pod.annotations:
+        metadata["annotations"] = dict(pod.annotations)
+    return {"metadata": metadata, "spec": pod_spec}
+
+
+def build_rayjob(rljob: api.RLJob, attempt: int) -> dict[str, Any]:
+    """The KubeRay v1 RayJob of one attempt: a fresh RayCluster running the trainer, torn down after."""
+    name = rljob.metadata.name
+    nnodes, gpus = cluster_shape(rljob)
+    res = rljob.spec.resources
+    head = _pod_template(
+        rljob,
+        attempt,
+        "ray-head",
+        _resources(res.head.cpu, res.head.memory, res.gpu_resource_name, 0),
+        [{"name": "trainer-metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+    )
+    worker = _pod_template(
+        rljob, attempt, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), []
+    )
+    labels = names.attempt_labels(name, attempt)
+    queued = rljob.spec.queue_name is not None
+    if queued:
+        labels[names.LABEL_KUEUE_QUEUE] = str(rljob.spec.queue_name)
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": "RayJob",
+        "metadata": _metadata(rljob, names.ray_job_name(name, attempt), labels),
+        "spec": {
+            "entrypoint": entrypoint(rljob),
+            "shutdownAfterJobFinishes": True,
+            # Kueue admits a queued RayJob by unsuspending it, so it must be created suspended.
+            "suspend": bool(rljob.spec.suspend or queued),
+            "rayClusterSpec": {
+                "rayVersion": RAY_VERSION,
+                # num-cpus 0: no training actors on the head; it only runs the driver (single controller).
+                "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": head},
+                "workerGroupSpecs": [
+                    {
+                        "groupName": names.WORKER_GROUP,
+                        "replicas": nnodes,
+                        "minReplicas": nnodes,
+                        "maxReplicas": nnodes,
+                        "rayStartParams": {},
+                        "template": worker,
+                    }
+                ],
+            },
+        },
+    }
+
+
+def build_children(rljob: api.RLJob, attempt: int) -> list[dict[str, Any]]:
+    """Every child of an RLJob for one attempt, in apply order: the ConfigMap, then the RayJob."""
+    return [build_configmap(rljob), build_rayjob(rljob, attempt)]
