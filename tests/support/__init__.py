@@ -1,0 +1,1 @@
+"""Test support: a Kubernetes API emulator served over HTTP on 127.0.0.1."""
