@@ -514,3 +514,33 @@ def test_make_iterator_shuffle_is_seeded_and_covers_every_row() -> None:
 def test_make_iterator_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(6).make_iterator(**kwargs)
+
+
+def test_single_key_names_are_accepted_as_strings() -> None:
+    dp = make(3, meta={"a": 1, "b": 2})
+    sub = dp.select(batch_keys="ids", non_tensor_batch_keys="uid", meta_info_keys="a")
+    assert set(sub.batch) == {"ids"} and set(sub.non_tensor_batch) == {"uid"} and sub.meta_info == {"a": 1}
+    popped = dp.pop(batch_keys="score", meta_info_keys="b")
+    assert set(popped.batch) == {"score"} and set(dp.batch) == {"ids"} and dp.meta_info == {"a": 1}
+
+
+def test_union_treats_equal_copies_and_nans_as_equal() -> None:
+    scores = torch.tensor([1.0, float("nan")])
+    left = DataProto.from_dict({"s": scores}, {"info": [{"v": float("nan")}, {"v": 1.0}]}, {"eos": [2, 3]})
+    right = DataProto.from_dict(
+        {"s": scores.clone(), "t": torch.ones(2)},
+        {"info": np.array([{"v": float("nan")}, {"v": 1.0}], dtype=object)},
+        {"eos": [2, 3]},
+    )
+    left.union(right)
+    assert set(left.batch) == {"s", "t"}
+    with pytest.raises(ValueError, match=r"batch\['s'\]"):
+        left.union(DataProto.from_dict({"s": scores.double()}))  # same numbers, other dtype
+
+
+def test_concat_of_meta_only_rank_outputs_gathers_metrics() -> None:
+    outputs = [DataProto(meta_info={"metrics": {"actor/loss": float(rank)}}) for rank in range(3)]
+    merged = DataProto.concat(outputs)
+    assert len(merged) == 0 and merged.meta_info == {"metrics": {"actor/loss": [0.0, 1.0, 2.0]}}
+    listed = DataProto.concat([DataProto(meta_info={"metrics": [{"x": 1}, {"x": 2}]}), DataProto()])
+    assert listed.meta_info == {"metrics": {"x": [1, 2]}}

@@ -10,15 +10,17 @@ the same, but it is built on plain dicts instead of tensordict:
 
 Conventions (same as verl's):
 
-- ``dp[i]`` with an int returns a :class:`DataProtoItem` (one row: 1-sample-less tensors, the raw
-  per-sample objects, the shared meta_info); ``dp[slice]`` and ``dp[indices]`` return a DataProto.
+- ``dp[i]`` with an int returns a :class:`DataProtoItem` (one row: tensors without the batch
+  dimension, the raw per-sample objects, the shared meta_info); ``dp[slice]`` and ``dp[indices]``
+  (ints or a boolean mask, as a list, numpy array or tensor) return a DataProto.
 - Slicing returns views of the tensors and arrays (no copy); index selection copies.
 - ``reorder``, ``union``, ``rename`` and ``to`` change the object in place and return it.
 - ``concat`` merges meta_info: equal values are kept once, different values are an error, except
   ``meta_info["metrics"]``, which is gathered from every part into one dict of lists (what verl does
   for the metrics each worker returns).
 
-No Ray here: the class is plain Python and pickles as-is (Ray ships it between processes).
+No Ray here: the class is plain Python and pickles with the standard protocol (Ray ships it between
+processes); a sliced tensor is copied on pickling so that a chunk carries only its own rows.
 """
 
 from __future__ import annotations
@@ -99,6 +101,13 @@ def _deep_equal(a: Any, b: Any) -> bool:
         return bool(a == b)
     except (TypeError, ValueError):  # objects whose == is not a plain bool
         return a is b
+
+
+def _key_list(keys: str | Sequence[str] | None) -> list[str]:
+    """Normalise a key argument: None -> [], one name -> [name], a sequence -> a list."""
+    if keys is None:
+        return []
+    return [keys] if isinstance(keys, str) else list(keys)
 
 
 def _row_index(indices: Sequence[int] | Sequence[bool] | np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -327,17 +336,17 @@ class DataProto:
 
     def select(
         self,
-        batch_keys: Sequence[str] | None = None,
-        non_tensor_batch_keys: Sequence[str] | None = None,
-        meta_info_keys: Sequence[str] | None = None,
+        batch_keys: str | Sequence[str] | None = None,
+        non_tensor_batch_keys: str | Sequence[str] | None = None,
+        meta_info_keys: str | Sequence[str] | None = None,
         deepcopy: bool = False,
     ) -> DataProto:
         """A DataProto with only the given keys (None keeps all); ``deepcopy`` copies the values too."""
-        batch_keys = list(self.batch) if batch_keys is None else list(batch_keys)
+        batch_keys = list(self.batch) if batch_keys is None else _key_list(batch_keys)
         nt_keys = (
-            list(self.non_tensor_batch) if non_tensor_batch_keys is None else list(non_tensor_batch_keys)
+            list(self.non_tensor_batch) if non_tensor_batch_keys is None else _key_list(non_tensor_batch_keys)
         )
-        meta_keys = list(self.meta_info) if meta_info_keys is None else list(meta_info_keys)
+        meta_keys = list(self.meta_info) if meta_info_keys is None else _key_list(meta_info_keys)
         self._check_keys("batch", batch_keys, self.batch)
         self._check_keys("non_tensor_batch", nt_keys, self.non_tensor_batch)
         self._check_keys("meta_info", meta_keys, self.meta_info)
@@ -352,14 +361,14 @@ class DataProto:
 
     def pop(
         self,
-        batch_keys: Sequence[str] | None = None,
-        non_tensor_batch_keys: Sequence[str] | None = None,
-        meta_info_keys: Sequence[str] | None = None,
+        batch_keys: str | Sequence[str] | None = None,
+        non_tensor_batch_keys: str | Sequence[str] | None = None,
+        meta_info_keys: str | Sequence[str] | None = None,
     ) -> DataProto:
         """Remove the given keys (None removes none) from this DataProto and return them as a new one."""
-        batch_keys = list(batch_keys or [])
-        nt_keys = list(non_tensor_batch_keys or [])
-        meta_keys = list(meta_info_keys or [])
+        batch_keys = _key_list(batch_keys)
+        nt_keys = _key_list(non_tensor_batch_keys)
+        meta_keys = _key_list(meta_info_keys)
         self._check_keys("batch", batch_keys, self.batch)
         self._check_keys("non_tensor_batch", nt_keys, self.non_tensor_batch)
         self._check_keys("meta_info", meta_keys, self.meta_info)
@@ -371,8 +380,8 @@ class DataProto:
 
     def rename(self, old_keys: str | Sequence[str], new_keys: str | Sequence[str]) -> DataProto:
         """Rename ``batch`` keys in place (a name or a list of names each); return self."""
-        old = [old_keys] if isinstance(old_keys, str) else list(old_keys)
-        new = [new_keys] if isinstance(new_keys, str) else list(new_keys)
+        old = _key_list(old_keys)
+        new = _key_list(new_keys)
         if len(old) != len(new):
             raise ValueError(
                 f"DataProto.rename got {len(old)} old keys but {len(new)} new keys: {old} -> {new}"
@@ -401,7 +410,7 @@ class DataProto:
             ("meta_info", self.meta_info, other.meta_info),
         ):
             for key, value in theirs.items():
-                if key in mine and not _deep_equal(mine[key], value):
+                if key in mine and mine[key] is not value and not _deep_equal(mine[key], value):
                     raise ValueError(
                         f"DataProto.union: {kind}[{key!r}] holds different values in the two DataProtos; "
                         f"rename or pop one of them before union"
