@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from hybridflow.rewards import CustomRewardError, load_custom_reward_fn, load_custom_reward_fn_from_config
 
-USER_FILE = '''
+USER_FILE = """
 SCALE = 3
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):
@@ -17,7 +17,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
 
 def length_reward(data_source, solution_str, ground_truth, extra_info=None):
     return float(len(solution_str))
-'''
+"""
 
 
 @pytest.fixture
@@ -78,9 +78,13 @@ def test_empty_name(user_file: Path) -> None:
 
 def test_from_config(user_file: Path) -> None:
     cfg = SimpleNamespace(
-        custom_reward_function=SimpleNamespace(path=str(user_file), name="compute_score", reward_kwargs={"bonus": 2})
+        custom_reward_function=SimpleNamespace(
+            path=str(user_file), name="compute_score", reward_kwargs={"bonus": 2}
+        )
     )
     fn = load_custom_reward_fn_from_config(cfg)
     assert fn is not None and fn("s", "x", "x")["score"] == 3.0
-    empty = SimpleNamespace(custom_reward_function=SimpleNamespace(path=None, name="compute_score", reward_kwargs={}))
+    empty = SimpleNamespace(
+        custom_reward_function=SimpleNamespace(path=None, name="compute_score", reward_kwargs={})
+    )
     assert load_custom_reward_fn_from_config(empty) is None

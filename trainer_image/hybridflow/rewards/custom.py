@@ -49,7 +49,9 @@ def _resolve(path: str, name: str) -> Callable[..., Any]:
     """The callable ``name`` of the file at ``path``; errors list what the file does define."""
     module = _import_file(path)
     if not hasattr(module, name):
-        functions = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))
+        functions = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+        )
         raise CustomRewardError(
             f"custom_reward_function.name={name!r}: no function of that name in {path!r} "
             f"(functions defined there: {', '.join(functions) or 'none'}). "
@@ -68,7 +70,9 @@ def _resolve(path: str, name: str) -> Callable[..., Any]:
 class CustomRewardFunction:
     """A user's reward function with its ``reward_kwargs`` bound; pickles as (path, name, kwargs)."""
 
-    def __init__(self, path: str, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None):
+    def __init__(
+        self, path: str, name: str = "compute_score", reward_kwargs: Mapping[str, Any] | None = None
+    ):
         """Import ``name`` from ``path`` now, so configuration errors surface at start-up."""
         self.path = path
         self.name = name

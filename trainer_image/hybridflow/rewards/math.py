@@ -63,7 +63,9 @@ _UNIT_WORDS = (
     "seconds",
     "days",
 )
-_UNIT_RE = re.compile(r"^(.*?\d)\s*(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z ]+\s*\}|(?:" + "|".join(_UNIT_WORDS) + r"))$")
+_UNIT_RE = re.compile(
+    r"^(.*?\d)\s*(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z ]+\s*\}|(?:" + "|".join(_UNIT_WORDS) + r"))$"
+)
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
 _FRAC_HALF_SHORT_RE = re.compile(r"\\frac(\d)\{")

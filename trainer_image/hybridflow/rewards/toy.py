@@ -15,7 +15,7 @@ COPY = "toy/copy"
 COUNT = "toy/count"
 
 _LEADING_INT_RE = re.compile(r"^\s*(-?\d+)")
-_LEADING_WORD_RE = re.compile(r"^\s*(\S+)")
+_LEADING_WORD_RE = re.compile(r"^\s*([A-Za-z]+)")
 
 
 def _result(prediction: str | None, truth: str) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def score_integer(solution_str: str, ground_truth: Any, extra_info: dict | None 
 
 
 def score_copy(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict[str, Any]:
-    """1.0 when the first word of the completion equals the string to copy, else 0.0."""
+    """1.0 when the leading run of letters of the completion equals the string to copy, else 0.0."""
     match = _LEADING_WORD_RE.match(solution_str)
     return _result(match.group(1) if match else None, str(ground_truth).strip())
 
