@@ -146,7 +146,8 @@ VERL_DEFAULTS = {
     "trainer.log_val_generations": 0,
     "trainer.max_actor_ckpt_to_keep": None,
     "trainer.max_critic_ckpt_to_keep": None,
-    "ray_init.num_cpus": None,
+    "trainer.ray_init.num_cpus": None,
+    "actor_rollout_ref.actor.tis_imp_ratio_cap": -1,
 }
 # Where we differ from verl on purpose: FSDP2 by default, TP 1 (fits one GPU / CPU), no wandb.
 DELIBERATE = {
@@ -403,3 +404,15 @@ def test_assignment_is_validated() -> None:
     assert cfg.actor_rollout_ref.actor.optim.total_training_steps == 100
     with pytest.raises(ValueError):
         cfg.actor_rollout_ref.actor.optim.lr = "fast"  # type: ignore[assignment]
+
+
+def test_top_level_ray_init_is_accepted_as_in_verl() -> None:
+    """verl's top-level ray_init lands in trainer.ray_init; giving both is an error."""
+    cfg = parse_config({"ray_init": {"num_cpus": 4, "address": "auto"}, "trainer": {"nnodes": 1}})
+    assert (cfg.trainer.ray_init.num_cpus, cfg.trainer.ray_init.address) == (4, "auto")
+    assert cfg.trainer.nnodes == 1
+    assert "ray_init" not in cfg.to_dict()
+    assert load_config(None, ["ray_init.num_cpus=2"]).trainer.ray_init.num_cpus == 2
+    with pytest.raises(ConfigError) as info:
+        parse_config({"ray_init": {"num_cpus": 4}, "trainer": {"ray_init": {"num_cpus": 2}}})
+    assert info.value.problems == ["ray_init: also set as trainer.ray_init; keep only one of the two"]

@@ -1,4 +1,4 @@
-"""Config groups `algorithm`, `data`, `custom_reward_function`, `trainer` and `ray_init`."""
+"""Config groups `algorithm`, `data`, `custom_reward_function` and `trainer`."""
 
 from __future__ import annotations
 
@@ -104,6 +104,17 @@ class CustomRewardFunction(Section):
     )
 
 
+class RayInitConfig(Section):
+    """Arguments for `ray.init` on the driver."""
+
+    num_cpus: int | None = Field(
+        default=None, gt=0, description="CPUs Ray may use; null means all (set it under SLURM or cgroups)."
+    )
+    address: str | None = Field(
+        default=None, description="Ray cluster to join (e.g. 'auto'); null starts or finds a local one."
+    )
+
+
 def _default_loggers() -> list[LoggerName]:
     """Console only: verl also enables wandb, which needs an account and network."""
     return ["console"]
@@ -172,15 +183,10 @@ class TrainerConfig(Section):
         "(weights pushed to the engine each step); split gives the rollout its own devices.",
     )
 
+    ray_init: RayInitConfig = Field(
+        default_factory=RayInitConfig,
+        description="ray.init arguments. verl keeps these at the top level (ray_init.*); that spelling is "
+        "accepted too and moved here.",
+    )
+
     _to_list = field_validator("logger", mode="before")(_as_list)
-
-
-class RayInitConfig(Section):
-    """Arguments for `ray.init` on the driver (top level, as in verl)."""
-
-    num_cpus: int | None = Field(
-        default=None, gt=0, description="CPUs Ray may use; null means all (set it under SLURM or cgroups)."
-    )
-    address: str | None = Field(
-        default=None, description="Ray cluster to join (e.g. 'auto'); null starts or finds a local one."
-    )

@@ -10,7 +10,7 @@ from pydantic_core import PydanticCustomError
 from . import rules
 from .common import Section
 from .errors import RULES_ERROR, ConfigError
-from .groups import AlgorithmConfig, CustomRewardFunction, DataConfig, RayInitConfig, TrainerConfig
+from .groups import AlgorithmConfig, CustomRewardFunction, DataConfig, TrainerConfig
 from .interpolation import has_reference, resolve_tree
 from .workers import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
@@ -34,7 +34,28 @@ class HybridFlowConfig(Section):
     trainer: TrainerConfig = Field(
         default_factory=TrainerConfig, description="Run, cluster, logging, checkpoints."
     )
-    ray_init: RayInitConfig = Field(default_factory=RayInitConfig, description="ray.init arguments.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _move_top_level_ray_init(cls, data: Any) -> Any:
+        """Accept verl's top-level `ray_init` group as `trainer.ray_init` (one place for one fact)."""
+        if not isinstance(data, dict) or "ray_init" not in data:
+            return data
+        data = dict(data)
+        ray_init = data.pop("ray_init")
+        trainer = data.get("trainer")
+        if trainer is None:
+            trainer = {}
+        if not isinstance(trainer, dict):
+            return data  # the trainer group's own type error is reported
+        if "ray_init" in trainer:
+            raise PydanticCustomError(
+                RULES_ERROR,
+                "ray_init given twice",
+                {"problems": ["ray_init: also set as trainer.ray_init; keep only one of the two"]},
+            )
+        data["trainer"] = {**trainer, "ray_init": ray_init}
+        return data
 
     @model_validator(mode="after")
     def _derive_and_check(self) -> HybridFlowConfig:

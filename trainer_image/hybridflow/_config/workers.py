@@ -70,6 +70,11 @@ class ActorConfig(Section):
         default=3.0, gt=1, description="Dual-clip bound for negative advantages, > 1 (arXiv:1912.09729)."
     )
     loss_agg_mode: LossAggMode = Field(default="token-mean", description="Reduction of the per-token loss.")
+    tis_imp_ratio_cap: float = Field(
+        default=-1.0,
+        description="Truncated importance sampling: cap on the rollout-vs-trainer probability ratio per token; "
+        "-1 turns it off.",
+    )
     entropy_coeff: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient.")
     use_kl_loss: bool = Field(default=False, description="Add a KL-to-reference loss term (GRPO style).")
     kl_loss_coef: float = Field(default=0.001, ge=0, description="Weight of the KL loss.")
