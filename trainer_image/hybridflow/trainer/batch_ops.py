@@ -1,0 +1,92 @@
+"""Pure batch transforms used by the RL loop (no Ray, no workers): masks, group ids, KL, advantages.
+
+Each function takes a `DataProto` with verl's key names and returns new tensors or a new batch, so
+the loop in `ray_trainer.py` stays a readable list of phases and these pieces are testable alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow.algorithms import get_adv_estimator_fn, kl_penalty, masked_mean
+from hybridflow.protocol import DataProto
+
+
+def add_group_ids(batch: DataProto) -> DataProto:
+    """Give every prompt a fresh `uid`; its n samples keep it after `repeat` (GRPO-style grouping)."""
+    batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    return batch
+
+
+def response_mask_of(batch: DataProto) -> torch.Tensor:
+    """Return `response_mask`, deriving it from the response part of `attention_mask` when missing."""
+    if "response_mask" in batch.batch:
+        return batch.batch["response_mask"]
+    response_length = batch.batch["responses"].shape[-1]
+    return batch.batch["attention_mask"][:, -response_length:]
+
+
+def apply_kl_in_reward(batch: DataProto, kl_ctrl: Any, kl_penalty_type: str) -> dict[str, float]:
+    """Subtract beta * KL(actor_old || ref) per token from the scores (Ziegler et al. 2019, eq. 2).
+
+    Sets `token_level_rewards`, updates the (adaptive) KL controller with the observed KL and returns
+    verl's metrics `actor/reward_kl_penalty` and `actor/reward_kl_penalty_coeff`.
+    """
+    mask = response_mask_of(batch)
+    kld = (
+        kl_penalty(batch.batch["old_log_probs"], batch.batch["ref_log_prob"], kl_penalty=kl_penalty_type)
+        * mask
+    )
+    beta = float(kl_ctrl.value)
+    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"] - beta * kld
+    current_kl = float(masked_mean(kld, mask, axis=-1).mean())
+    kl_ctrl.update(current_kl=current_kl, n_steps=len(batch))
+    return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def compute_advantage(batch: DataProto, algorithm_cfg: Any, actor_cfg: Any = None) -> DataProto:
+    """Fill `advantages` and `returns` with the configured estimator; every estimator gets the same call."""
+    estimator = get_adv_estimator_fn(algorithm_cfg.adv_estimator)
+    advantages, returns = estimator(
+        token_level_rewards=batch.batch["token_level_rewards"],
+        response_mask=response_mask_of(batch),
+        index=batch.non_tensor_batch["uid"],
+        values=batch.batch.get("values"),
+        reward_baselines=batch.batch.get("reward_baselines"),
+        gamma=algorithm_cfg.gamma,
+        lam=algorithm_cfg.lam,
+        norm_adv_by_std_in_grpo=algorithm_cfg.norm_adv_by_std_in_grpo,
+        config=algorithm_cfg,
+    )
+    batch.batch["advantages"] = advantages
+    batch.batch["returns"] = returns
+    return batch
+
+
+def group_filter_metric(batch: DataProto, metric: str, extra_info: dict[str, list[Any]]) -> np.ndarray:
+    """Per-sample value that DAPO's dynamic sampling groups on (arXiv 2503.14476, section 3.2).
+
+    `acc` (or any per-sample key of the reward's extra info) when present; `seq_reward` /
+    `score` are the summed scores; `seq_final_reward` the summed rewards after any KL penalty.
+    """
+    if metric in extra_info:
+        return np.asarray(extra_info[metric], dtype=np.float64)
+    if metric == "seq_final_reward" and "token_level_rewards" in batch.batch:
+        return batch.batch["token_level_rewards"].sum(-1).double().numpy()
+    if metric in ("seq_reward", "score", "acc", "seq_final_reward"):
+        return batch.batch["token_level_scores"].sum(-1).double().numpy()
+    raise ValueError(
+        f"algorithm.filter_groups.metric={metric!r} is not available; use acc, score, seq_reward, "
+        f"seq_final_reward or one of the reward's extra keys {sorted(extra_info)}"
+    )
+
+
+def truncate_groups(batch: DataProto, num_groups: int) -> DataProto:
+    """Keep the first `num_groups` groups (rows of one uid are contiguous after interleaved repeat)."""
+    uids = batch.non_tensor_batch["uid"]
+    chosen = set(list(dict.fromkeys(uids))[:num_groups])
+    return batch.select_idxs(np.array([uid in chosen for uid in uids]))

@@ -1,0 +1,174 @@
+"""Entry point: `python -m hybridflow.trainer.main_ppo [config.yaml] key=value ...` (verl's CLI shape).
+
+Loads and validates the config, attaches to (or starts) Ray, builds the worker groups, data loaders and
+reward functions, checks that every data source has a scorer, then runs `RayPPOTrainer.fit()`.
+Exit codes: 0 done (also after a SIGTERM-triggered checkpoint), 2 invalid config or inputs, 1 failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from hybridflow.config import ConfigError, HybridFlowConfig, load_config
+
+USAGE = "usage: python -m hybridflow.trainer.main_ppo [config.yaml] [key=value ...]"
+
+
+def parse_argv(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Split the command line into an optional YAML path (first argument without '=') and overrides."""
+    args = list(argv)
+    path = None
+    if args and "=" not in args[0] and not args[0].startswith(("~", "+")):
+        path = args.pop(0)
+    return path, args
+
+
+def init_ray(cfg: HybridFlowConfig) -> None:
+    """Attach to RAY_ADDRESS / trainer.ray_init.address when given, else start a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS") or cfg.trainer.ray_init.address
+    runtime_env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}
+    if address:
+        ray.init(address=address, runtime_env=runtime_env)
+    else:
+        ray.init(num_cpus=cfg.trainer.ray_init.num_cpus, include_dashboard=False, runtime_env=runtime_env)
+
+
+def build_worker_groups(cfg: HybridFlowConfig) -> Any:
+    """Create the actor(+rollout+ref) group, a critic group for GAE, and a rollout group when split."""
+    from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
+    from hybridflow.trainer.ray_trainer import WorkerGroups
+    from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    nodes = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
+    split = cfg.trainer.placement == "split"
+    spec = {"global_pool": nodes, **({"rollout_pool": nodes} if split else {})}
+    mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool"}
+    if split:
+        mapping["rollout"] = "rollout_pool"
+    on_gpu = cfg.trainer.device == "cuda"
+    manager = ResourcePoolManager(
+        spec,
+        mapping,
+        use_gpu=on_gpu,
+        cpus_per_process=1.0 if on_gpu else cpu_share(cfg),
+        max_colocate_count=2,
+    )
+    actor_role = "actor_ref" if split else "actor_rollout_ref"
+    actor = RayWorkerGroup(
+        manager.get_resource_pool("actor_rollout_ref"),
+        RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role=actor_role),
+        name_prefix="actor",
+    )
+    actor.init_model()
+    rollout = None
+    if split:
+        rollout = RayWorkerGroup(
+            manager.get_resource_pool("rollout"),
+            RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="rollout"),
+            name_prefix="rollout",
+        )
+        rollout.init_model()
+    critic = None
+    if cfg.critic_enabled:
+        critic = RayWorkerGroup(
+            manager.get_resource_pool("critic"),
+            RayClassWithInitArgs(CriticWorker, config=cfg),
+            name_prefix="critic",
+        )
+        critic.init_model()
+    return WorkerGroups(actor_rollout=actor, critic=critic, rollout=rollout)
+
+
+def cpu_share(cfg: HybridFlowConfig) -> float:
+    """CPUs per worker slot on CPU: fit every process into trainer.ray_init.num_cpus (Ray allows fractions)."""
+    available = cfg.trainer.ray_init.num_cpus or os.cpu_count() or 1
+    processes = cfg.trainer.n_gpus_per_node * (2 if cfg.trainer.placement == "split" else 1)
+    return max(min(1.0, available / processes), 0.01)
+
+
+def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:
+    """Training loader (stateful, for exact resume) and validation loader (None without val_files)."""
+    from hybridflow.data import RLHFDataset, StatefulDataLoader
+
+    train = StatefulDataLoader.from_config(cfg, RLHFDataset.from_config(cfg, tokenizer, "train"))
+    val = None
+    if cfg.data.val_files:
+        val_ds = RLHFDataset.from_config(cfg, tokenizer, "val")
+        batch = min(cfg.data.val_batch_size or len(val_ds), len(val_ds))
+        val = StatefulDataLoader(val_ds, batch, shuffle=False, drop_last=False)
+    return train, val
+
+
+def build_reward_fns(cfg: HybridFlowConfig, tokenizer: Any, data_sources: set[str]) -> tuple[Any, Any]:
+    """Reward managers for training and validation; fails now when a data source has no scorer."""
+    from hybridflow.rewards import RewardManager, check_reward_sources, load_custom_reward_fn_from_config
+
+    custom = load_custom_reward_fn_from_config(cfg)
+    check_reward_sources(sorted(data_sources), custom)
+    train_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom)
+    val_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom, num_examine=1)
+    return train_fn, val_fn
+
+
+def run(cfg: HybridFlowConfig) -> int:
+    """Build everything and train; returns the last completed global step."""
+    from transformers import AutoTokenizer
+
+    from hybridflow.trainer.ray_trainer import RayPPOTrainer, compute_total_training_steps
+
+    model_cfg = cfg.actor_rollout_ref.model
+    tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path)
+    train_loader, val_loader = build_data(cfg, tokenizer)
+    sources = set(train_loader.dataset.data_sources()) | (
+        set(val_loader.dataset.data_sources()) if val_loader else set()
+    )
+    reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources)
+    # The workers' lr schedules need the run length (verl injects it the same way).
+    total_steps = compute_total_training_steps(cfg, len(train_loader))
+    cfg.actor_rollout_ref.actor.optim.total_training_steps = total_steps
+    cfg.critic.optim.total_training_steps = total_steps
+    init_ray(cfg)
+    workers = build_worker_groups(cfg)
+    trainer = RayPPOTrainer(cfg, tokenizer, workers, train_loader, reward_fn, val_loader, val_reward_fn)
+    return trainer.fit()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: parse, validate, run; print config problems and exit 2 on invalid input."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE + "\n\n" + (__doc__ or ""))
+        return 0
+    path, overrides = parse_argv(args)
+    try:
+        cfg = load_config(path, overrides)
+        cfg.validate_for_run()
+    except ConfigError as exc:
+        print(f"invalid trainer config ({len(exc.problems)} problem(s)):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"{exc}; pass an existing YAML file. {USAGE}", file=sys.stderr)
+        return 2
+    from hybridflow.checkpoint import CheckpointError
+    from hybridflow.rewards import UnknownDataSourceError
+
+    try:
+        step = run(cfg)
+    except (UnknownDataSourceError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"training finished at global step {step}; checkpoints under {cfg.trainer.default_local_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

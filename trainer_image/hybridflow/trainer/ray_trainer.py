@@ -1,0 +1,391 @@
+"""The single-controller RL loop: `RayPPOTrainer.fit()` reads like the algorithm, one phase per method.
+
+    generate -> reward -> old log-probs -> ref log-probs -> values -> advantages
+    -> critic update -> actor update (pushes weights to the rollout) -> log -> validate -> checkpoint
+
+The worker groups do the heavy lifting in Ray actors; this class only moves `DataProto` batches between
+them and applies the pure math in `batch_ops`. Supported estimators are whatever the algorithm
+registry holds (GAE with a critic, GRPO, Dr.GRPO, RLOO, REINFORCE++, ReMax, ...), all called the same way.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from hybridflow import checkpoint as ck
+from hybridflow.algorithms import filter_groups, get_kl_controller
+from hybridflow.protocol import DataProto
+from hybridflow.tracking import Tracking
+from hybridflow.trainer import batch_ops
+from hybridflow.trainer.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    reduce_worker_metrics,
+    timed,
+)
+
+GEN_INPUT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+@dataclass
+class WorkerGroups:
+    """The groups the loop drives: actor(+rollout+ref), optionally a critic and a split-off rollout."""
+
+    actor_rollout: Any
+    critic: Any = None
+    rollout: Any = None  # split placement only; None when the rollout lives in the actor's processes
+
+    @property
+    def world_size(self) -> int:
+        """Number of actor processes (used to normalise throughput)."""
+        return int(self.actor_rollout.world_size)
+
+
+class RayPPOTrainer:
+    """Drive one RL run over prepared worker groups, data loaders and reward functions."""
+
+    def __init__(
+        self,
+        config: Any,
+        tokenizer: Any,
+        workers: WorkerGroups,
+        train_dataloader: Any,
+        reward_fn: Callable[..., Any],
+        val_dataloader: Any = None,
+        val_reward_fn: Callable[..., Any] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.workers = workers
+        self.train_dataloader = train_dataloader
+        self.val_dataloader = val_dataloader
+        self.reward_fn = reward_fn
+        self.val_reward_fn = val_reward_fn or reward_fn
+        self.log = log
+        self.algo = config.algorithm
+        self.use_critic = workers.critic is not None
+        self.use_reference = self.algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+        self.kl_ctrl = get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
+        self.total_training_steps = compute_total_training_steps(config, len(train_dataloader))
+        self.ckpt_root = config.trainer.default_local_dir
+        self.global_step = 0
+        self.tracker: Tracking | None = None
+        self._data_iter: Iterator[DataProto] | None = None
+        self._stop_signal: int | None = None
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def fit(self) -> int:
+        """Train until total_training_steps (or a SIGTERM); return the last completed global step."""
+        wandb_run_id = self._resume()
+        self.tracker = Tracking(
+            self.config.trainer.project_name,
+            self.config.trainer.experiment_name,
+            self.config.trainer.logger,
+            self.config.to_dict(),
+            default_local_dir=self.ckpt_root,
+            total_steps=self.total_training_steps,
+            wandb_run_id=wandb_run_id,
+        )
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            if (
+                self.config.trainer.val_before_train
+                and self.global_step == 0
+                and self.val_dataloader is not None
+            ):
+                self.tracker.log(self.validate(), step=0)
+            while self.global_step < self.total_training_steps:
+                self.global_step += 1
+                metrics = self.train_step()
+                last = self.global_step >= self.total_training_steps
+                if self._due(self.config.trainer.test_freq, last) and self.val_dataloader is not None:
+                    started = time.perf_counter()
+                    metrics.update(self.validate())
+                    metrics["timing_s/testing"] = time.perf_counter() - started
+                if self._due(self.config.trainer.save_freq, last) or self._stop_signal is not None:
+                    self.save_checkpoint()
+                self.tracker.log(metrics, step=self.global_step)
+                if self._stop_signal is not None:
+                    self.log(
+                        f"received signal {self._stop_signal}: finished step {self.global_step}, saved a "
+                        f"checkpoint under {self.ckpt_root}; exiting. Rerun with trainer.resume_mode=auto to continue."
+                    )
+                    break
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self.tracker.finish()
+        return self.global_step
+
+    def train_step(self) -> dict[str, float]:
+        """One RL iteration; returns the step's metrics (verl names)."""
+        metrics: dict[str, float] = {}
+        timings: dict[str, float] = {}
+        with timed("step", timings):
+            batch = self.rollout(metrics, timings)
+            with timed("old_log_prob", timings):
+                batch = self.compute_old_log_probs(batch, metrics)
+            if self.use_reference:
+                with timed("ref", timings):
+                    batch = self.compute_ref_log_probs(batch)
+            if self.use_critic:
+                with timed("values", timings):
+                    batch = self.compute_values(batch)
+            with timed("adv", timings):
+                batch = self.compute_advantages(batch, metrics)
+            if self.use_critic:
+                with timed("update_critic", timings):
+                    metrics.update(self.update_critic(batch))
+            if self.global_step > self.config.trainer.critic_warmup:
+                with timed("update_actor", timings):
+                    metrics.update(self.update_actor(batch))
+        metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(compute_timing_metrics(timings))
+        metrics.update(compute_throughput_metrics(batch, timings["step"], self.workers.world_size))
+        metrics["training/global_step"] = float(self.global_step)
+        metrics["training/epoch"] = float(self._epoch())
+        return metrics
+
+    # ---- phases ---------------------------------------------------------------------------------
+
+    def rollout(self, metrics: dict[str, float], timings: dict[str, float]) -> DataProto:
+        """Generate and score a batch; with DAPO dynamic sampling, keep only informative groups.
+
+        Dynamic sampling (Yu et al. 2025, arXiv 2503.14476, section 3.2) draws more prompt batches
+        until `train_batch_size` groups have a non-zero reward spread, at most `max_num_gen_batches`.
+        """
+        filter_cfg = self.algo.filter_groups
+        if not (filter_cfg and filter_cfg.enable):
+            batch, _ = self._generate_and_score(timings)
+            return batch
+        wanted = self.config.data.train_batch_size
+        kept: list[DataProto] = []
+        kept_groups = 0
+        num_gen_batches = 0
+        while kept_groups < wanted:
+            num_gen_batches += 1
+            max_batches = filter_cfg.max_num_gen_batches
+            if max_batches and max_batches > 0 and num_gen_batches > max_batches:
+                raise RuntimeError(
+                    f"dynamic sampling drew {max_batches} prompt batches and found only {kept_groups} of "
+                    f"{wanted} groups whose '{filter_cfg.metric}' varies; the data is too easy or too hard for "
+                    "the model. Raise algorithm.filter_groups.max_num_gen_batches (0 = unlimited), "
+                    "increase actor_rollout_ref.rollout.n, or disable algorithm.filter_groups."
+                )
+            batch, extra = self._generate_and_score(timings)
+            values = batch_ops.group_filter_metric(batch, filter_cfg.metric, extra)
+            result = filter_groups(batch.non_tensor_batch["uid"], values)
+            if result.kept_uids:
+                kept.append(batch.select_idxs(result.kept_mask))
+                kept_groups += len(result.kept_uids)
+        metrics["train/num_gen_batches"] = float(num_gen_batches)
+        return batch_ops.truncate_groups(DataProto.concat(kept), wanted)
+
+    def _generate_and_score(self, timings: dict[str, float]) -> tuple[DataProto, dict[str, list[Any]]]:
+        batch = batch_ops.add_group_ids(self._next_batch())
+        with timed("gen", timings):
+            batch = self.generate(batch)
+        with timed("reward", timings):
+            extra = self.score(batch)
+        return batch, extra
+
+    def generate(self, batch: DataProto) -> DataProto:
+        """Sample `rollout.n` responses per prompt (ReMax also a greedy baseline) and join them to the batch."""
+        n = self.config.actor_rollout_ref.rollout.n
+        gen_input = batch.select(
+            batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=_present(batch, ["raw_prompt_ids"])
+        )
+        gen_input.meta_info.update({"do_sample": True, "global_step": self.global_step})
+        if self.algo.adv_estimator == "remax":
+            batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input)
+        output = self._rollout_group().generate_sequences(gen_input.repeat(n, interleave=True))
+        batch = batch.repeat(n, interleave=True)
+        for key in GEN_INPUT_KEYS:
+            batch.batch.pop(key)
+        batch = batch.union(output)
+        batch.batch["response_mask"] = batch_ops.response_mask_of(batch)
+        return batch
+
+    def _greedy_baseline(self, batch: DataProto, gen_input: DataProto) -> torch.Tensor:
+        """ReMax's baseline (Li et al. 2023): the reward of the greedy response to each prompt."""
+        greedy_input = gen_input.select(deepcopy=True)
+        greedy_input.meta_info.update({"do_sample": False})
+        greedy = self._rollout_group().generate_sequences(greedy_input)
+        scored = batch.select(non_tensor_batch_keys=list(batch.non_tensor_batch)).union(
+            greedy.select(
+                batch_keys=["responses", "prompts", "attention_mask"] + _present(greedy, ["response_mask"])
+            )
+        )
+        result = self.reward_fn(scored, return_dict=True)
+        return result["reward_tensor"].sum(-1)
+
+    def score(self, batch: DataProto) -> dict[str, list[Any]]:
+        """Rule/custom reward into `token_level_scores` (and `token_level_rewards` when no KL is added)."""
+        result = self.reward_fn(batch, return_dict=True)
+        batch.batch["token_level_scores"] = result["reward_tensor"]
+        if not self.algo.use_kl_in_reward:
+            batch.batch["token_level_rewards"] = result["reward_tensor"]
+        extra = result.get("reward_extra_info", {})
+        for key, values in extra.items():
+            batch.non_tensor_batch[f"reward_extra/{key}"] = np.array(values, dtype=object)
+        return extra
+
+    def compute_old_log_probs(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        """Log-probs of the sampled responses under the current actor (the PPO ratio's denominator)."""
+        output = self.workers.actor_rollout.compute_log_prob(batch)
+        entropys = output.batch.pop("entropys", None)
+        if entropys is not None:
+            metrics["actor/entropy"] = float(
+                (entropys * batch.batch["response_mask"]).sum()
+                / batch.batch["response_mask"].sum().clamp(min=1)
+            )
+        return batch.union(output)
+
+    def compute_ref_log_probs(self, batch: DataProto) -> DataProto:
+        """Log-probs under the frozen reference policy (for the KL loss or KL-in-reward)."""
+        return batch.union(self.workers.actor_rollout.compute_ref_log_prob(batch))
+
+    def compute_values(self, batch: DataProto) -> DataProto:
+        """Critic values per response token (PPO with GAE)."""
+        return batch.union(self.workers.critic.compute_values(batch))
+
+    def compute_advantages(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        """KL-shaped rewards if configured, then advantages/returns from the configured estimator."""
+        if self.kl_ctrl is not None:
+            metrics.update(batch_ops.apply_kl_in_reward(batch, self.kl_ctrl, self.algo.kl_penalty))
+        return batch_ops.compute_advantage(batch, self.algo)
+
+    def update_critic(self, batch: DataProto) -> dict[str, float]:
+        """One critic update (value loss); returns the worker's metrics."""
+        output = self.workers.critic.update_critic(batch)
+        return reduce_worker_metrics(output.meta_info.get("metrics", {}))
+
+    def update_actor(self, batch: DataProto) -> dict[str, float]:
+        """One actor update (policy loss), then push the new weights to the rollout engine."""
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+        output = self.workers.actor_rollout.update_actor(batch)
+        self._sync_rollout_weights()
+        return reduce_worker_metrics(output.meta_info.get("metrics", {}))
+
+    def _sync_rollout_weights(self) -> None:
+        """Split placement: ship the actor's weights to the separate rollout group (colocated: no-op)."""
+        if self.workers.rollout is not None:
+            self.workers.actor_rollout.sync_weights_to(self.workers.rollout)
+
+    def validate(self) -> dict[str, float]:
+        """Greedy (val_kwargs) generation on the whole validation set; mean score per data source."""
+        val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
+        n = val_kwargs.n
+        scores: dict[str, list[float]] = {}
+        for batch in self.val_dataloader:
+            gen_input = batch.select(
+                batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=_present(batch, ["raw_prompt_ids"])
+            )
+            gen_input.meta_info.update({"do_sample": val_kwargs.do_sample, "validate": True})
+            output = self._rollout_group().generate_sequences(gen_input.repeat(n, interleave=True))
+            batch = batch.repeat(n, interleave=True)
+            for key in GEN_INPUT_KEYS:
+                batch.batch.pop(key)
+            batch = batch.union(output)
+            seq_scores = self.val_reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1).tolist()
+            for source, value in zip(batch.non_tensor_batch["data_source"], seq_scores, strict=True):
+                scores.setdefault(str(source), []).append(value)
+        return {
+            f"val-core/{source}/reward/mean@{n}": float(np.mean(values)) for source, values in scores.items()
+        }
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> str:
+        """Write actor/critic/trainer state for this step, commit it, then apply retention."""
+        step_uri = ck.step_dir(self.ckpt_root, self.global_step)
+        self.workers.actor_rollout.save_checkpoint(f"{step_uri}/actor")
+        if self.use_critic:
+            self.workers.critic.save_checkpoint(f"{step_uri}/critic")
+        state = ck.TrainerState(
+            global_step=self.global_step,
+            dataloader=self.train_dataloader.state_dict(),
+            rng=ck.capture_rng_state(),
+            wandb_run_id=self.tracker.wandb_run_id if self.tracker else None,
+            extra={"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {},
+        )
+        ck.save_trainer_state(step_uri, state)
+        ck.commit_step(self.ckpt_root, self.global_step)
+        ck.apply_retention(self.ckpt_root, self.config.trainer.max_actor_ckpt_to_keep, log=self.log)
+        return step_uri
+
+    def _resume(self) -> str | None:
+        """Load the step chosen by trainer.resume_mode; return the W&B run id to continue, if any."""
+        trainer_cfg = self.config.trainer
+        latest = None
+        if trainer_cfg.resume_mode == "auto":
+            latest = ck.find_latest_committed(self.ckpt_root, log=self.log)
+        step_uri = ck.resolve_resume_path(
+            trainer_cfg.resume_mode, trainer_cfg.resume_from_path, self.ckpt_root, latest
+        )
+        if step_uri is None:
+            return None
+        if trainer_cfg.resume_mode == "resume_path":
+            ck.check_resumable(step_uri)
+        state = ck.load_trainer_state(step_uri)
+        self.workers.actor_rollout.load_checkpoint(f"{step_uri}/actor")
+        if self.use_critic:
+            self.workers.critic.load_checkpoint(f"{step_uri}/critic")
+        self.train_dataloader.load_state_dict(state.dataloader)
+        ck.restore_rng_state(state.rng)
+        if self.kl_ctrl is not None and "kl_ctrl" in state.extra:
+            self.kl_ctrl.load_state_dict(state.extra["kl_ctrl"])
+        self.global_step = state.global_step
+        self.log(f"resumed from {step_uri} (global step {self.global_step})")
+        return state.wandb_run_id
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _rollout_group(self) -> Any:
+        return self.workers.rollout if self.workers.rollout is not None else self.workers.actor_rollout
+
+    def _next_batch(self) -> DataProto:
+        """Next training batch; a new epoch starts transparently when the loader is exhausted."""
+        for _ in range(2):
+            if self._data_iter is None:
+                self._data_iter = iter(self.train_dataloader)
+            try:
+                return next(self._data_iter)
+            except StopIteration:
+                self._data_iter = None
+        raise RuntimeError(
+            "the training data loader yields no batch; check data.train_files and train_batch_size"
+        )
+
+    def _epoch(self) -> int:
+        state = self.train_dataloader.state_dict()
+        return int(state.get("epoch", 0)) if isinstance(state, dict) else 0
+
+    def _due(self, freq: int | None, last: bool) -> bool:
+        return bool(freq and freq > 0 and (self.global_step % freq == 0 or last))
+
+    def _on_sigterm(self, signum: int, _frame: Any) -> None:
+        self.log(
+            f"signal {signum} received: finishing step {self.global_step}, then checkpointing and exiting"
+        )
+        self._stop_signal = signum
+
+
+def _present(batch: DataProto, keys: list[str]) -> list[str]:
+    return [k for k in keys if k in batch.non_tensor_batch or k in batch.batch]
+
+
+def compute_total_training_steps(config: Any, batches_per_epoch: int) -> int:
+    """trainer.total_training_steps when set, else epochs x batches per epoch (verl's rule)."""
+    if config.trainer.total_training_steps:
+        return int(config.trainer.total_training_steps)
+    return int(config.trainer.total_epochs) * batches_per_epoch
