@@ -1,0 +1,135 @@
+"""RewardManager: decoding valid response tokens, score placement, extra info, DAPO overlong shaping."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hybridflow.data.toy import build_toy_tokenizer
+from hybridflow.protocol import DataProto
+from hybridflow.rewards import RewardManager, load_custom_reward_fn
+from hybridflow.rewards.manager import overlong_penalty
+
+P, R = 4, 6
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return build_toy_tokenizer()
+
+
+def _batch(
+    tokenizer: Any, responses: list[str], truths: list[str], source: str = "toy/arithmetic"
+) -> DataProto:
+    """Left-padded dummy prompts, right-padded responses (text + eos), masks as rollout produces them."""
+    bs = len(responses)
+    prompts = torch.full((bs, P), tokenizer.pad_token_id)
+    prompts[:, -2:] = 10
+    resp = torch.full((bs, R), tokenizer.pad_token_id)
+    resp_mask = torch.zeros((bs, R), dtype=torch.long)
+    for i, text in enumerate(responses):
+        ids = (tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])[:R]
+        resp[i, : len(ids)] = torch.tensor(ids)
+        resp_mask[i, : len(ids)] = 1
+    prompt_mask = (prompts != tokenizer.pad_token_id).long()
+    return DataProto.from_dict(
+        {"prompts": prompts, "responses": resp, "attention_mask": torch.cat([prompt_mask, resp_mask], dim=1)},
+        non_tensors={
+            "data_source": np.array([source] * bs, dtype=object),
+            "reward_model": np.array([{"style": "rule", "ground_truth": t} for t in truths], dtype=object),
+            "extra_info": np.array([{"index": i} for i in range(bs)], dtype=object),
+        },
+    )
+
+
+def test_score_on_last_valid_token(tokenizer: Any) -> None:
+    # valid lengths: "7"+eos=2, "12"+eos=3, "3"+eos=2, "99999" + eos cut at R=6 -> 6
+    data = _batch(tokenizer, ["7", "12", "3", "99999"], ["7", "12", "4", "99999"])
+    scores = RewardManager(tokenizer)(data)
+    assert scores.shape == (4, R) and scores.dtype == torch.float32
+    expected = torch.zeros(4, R)
+    expected[0, 1], expected[1, 2], expected[3, 5] = 1.0, 1.0, 1.0
+    assert torch.equal(scores, expected)
+
+
+def test_response_mask_takes_precedence(tokenizer: Any) -> None:
+    data = _batch(tokenizer, ["7", "7"], ["7", "7"])
+    data.batch["response_mask"] = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]])
+    scores = RewardManager(tokenizer)(data)
+    assert scores[0, 0] == 1.0 and scores[1, 2] == 1.0 and scores.sum() == 2.0
+
+
+def test_return_dict_has_extra_info_and_tokenizer_per_call(tokenizer: Any) -> None:
+    data = _batch(tokenizer, ["5", "6"], ["5", "5"])
+    out = RewardManager()(data, tokenizer, return_dict=True)
+    assert out["reward_tensor"].sum() == 1.0
+    info = out["reward_extra_info"]
+    assert info["acc"] == [True, False] and info["score"] == [1.0, 0.0] and info["pred"] == ["5", "6"]
+
+
+def test_float_scores_and_custom_function(tmp_path: Path, tokenizer: Any) -> None:
+    path = tmp_path / "r.py"
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
+        "    return scale * len(solution_str) + extra_info['index']\n"
+    )
+    fn = load_custom_reward_fn(str(path), reward_kwargs={"scale": 0.5})
+    data = _batch(tokenizer, ["ab", "abcd"], ["x", "x"], source="my/own")
+    manager = RewardManager(tokenizer, compute_score=fn)
+    out = manager(data, return_dict=True)
+    # eos is a special token: the decoded text is "ab" / "abcd"
+    assert out["reward_tensor"][0, 2] == 1.0 and out["reward_tensor"][1, 4] == 3.0
+    assert out["reward_extra_info"] == {"score": [1.0, 3.0]}
+    clone = pickle.loads(pickle.dumps(manager))  # picklable for Ray actors
+    assert torch.equal(clone(data), out["reward_tensor"])
+
+
+def test_unknown_source_and_missing_tokenizer(tokenizer: Any) -> None:
+    data = _batch(tokenizer, ["1"], ["1"], source="my/own")
+    with pytest.raises(ValueError, match="custom_reward_function.path"):
+        RewardManager(tokenizer)(data)
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        RewardManager()(data)
+
+
+def test_dict_without_score_is_rejected(tokenizer: Any) -> None:
+    data = _batch(tokenizer, ["1"], ["1"])
+    with pytest.raises(ValueError, match="without a 'score' key"):
+        RewardManager(tokenizer, compute_score=lambda **kw: {"acc": 1})(data)
+
+
+def test_rm_scores_pass_through(tokenizer: Any) -> None:
+    data = _batch(tokenizer, ["1"], ["1"])
+    data.batch["rm_scores"] = torch.full((1, R), 0.25)
+    assert torch.equal(RewardManager(tokenizer)(data), data.batch["rm_scores"])
+
+
+def test_overlong_penalty_ramp() -> None:
+    # max 6, buffer 4: no penalty up to 2 tokens, then -factor/4 per token down to -factor at 6
+    assert [overlong_penalty(n, 6, 4, 1.0) for n in range(1, 7)] == [0.0, 0.0, -0.25, -0.5, -0.75, -1.0]
+    assert overlong_penalty(6, 6, 4, 0.5) == -0.5
+
+
+def test_dapo_manager_applies_overlong_shaping(tokenizer: Any) -> None:
+    data = _batch(tokenizer, ["7", "7777"], ["7", "7777"])  # valid lengths 2 and 5
+    manager = RewardManager(
+        tokenizer, kind="dapo", max_response_length=R, overlong_buffer_enable=True, overlong_buffer_len=4
+    )
+    out = manager(data, return_dict=True)
+    assert out["reward_tensor"][0, 1] == 1.0
+    assert out["reward_tensor"][1, 4] == pytest.approx(1.0 - 0.75)
+    assert out["reward_extra_info"]["overlong"] == [False, True]
+    assert out["reward_extra_info"]["overlong_reward"] == [0.0, -0.75]
+
+
+def test_config_errors() -> None:
+    with pytest.raises(ValueError, match="reward_manager='prime'.*naive, dapo"):
+        RewardManager(kind="prime")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs reward_model.reward_manager=dapo"):
+        RewardManager(overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=2)
+    with pytest.raises(ValueError, match="overlong_buffer.len=8 must be > 0 and smaller than"):
+        RewardManager(kind="dapo", overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=8)

@@ -1,0 +1,182 @@
+"""Reward managers: turn a batch of generated responses into token-level scores (verl's naive / dapo).
+
+A manager decodes each response (its valid tokens only), scores it with the data source's scorer or a
+custom function, and writes the score on the last valid response token of a ``(batch, response_len)``
+tensor; advantage estimators read it from there. ``kind="dapo"`` adds DAPO's soft overlong punishment.
+The manager holds only picklable state (a tokenizer, a module-level or `CustomRewardFunction` scorer),
+so it can be sent to a Ray actor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from hybridflow.rewards.registry import default_compute_score
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["naive", "dapo"]
+KINDS: tuple[str, ...] = ("naive", "dapo")
+
+
+def overlong_penalty(
+    response_length: int, max_response_length: int, buffer_length: int, factor: float
+) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): 0 up to ``max - buffer`` tokens, then a
+    linear ramp to ``-factor`` at ``max`` tokens."""
+    expected = max_response_length - buffer_length
+    exceed = response_length - expected
+    return min(-exceed / buffer_length * factor, 0.0)
+
+
+class RewardManager:
+    """Score decoded responses and place each score on the last valid token of its response."""
+
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        *,
+        compute_score: Callable[..., float | dict[str, Any]] | None = None,
+        reward_fn_key: str = "data_source",
+        num_examine: int = 0,
+        kind: Kind = "naive",
+        max_response_length: int | None = None,
+        overlong_buffer_enable: bool = False,
+        overlong_buffer_len: int = 0,
+        overlong_penalty_factor: float = 1.0,
+    ) -> None:
+        """Configure the manager; ``compute_score`` defaults to the built-in scorers by data source."""
+        if kind not in KINDS:
+            raise ValueError(
+                f"reward_model.reward_manager={kind!r} is not known; use one of {', '.join(KINDS)}."
+            )
+        if overlong_buffer_enable:
+            if kind != "dapo":
+                raise ValueError(
+                    "reward_model.overlong_buffer.enable=true needs reward_model.reward_manager=dapo "
+                    f"(got {kind!r}); switch the manager or disable the overlong buffer."
+                )
+            if max_response_length is None or not 0 < overlong_buffer_len < max_response_length:
+                raise ValueError(
+                    f"reward_model.overlong_buffer.len={overlong_buffer_len} must be > 0 and smaller than "
+                    f"data.max_response_length={max_response_length}; lower the buffer length."
+                )
+        self.tokenizer = tokenizer
+        self.compute_score = compute_score or default_compute_score
+        self.reward_fn_key = reward_fn_key
+        self.num_examine = num_examine
+        self.kind = kind
+        self.max_response_length = max_response_length
+        self.overlong_buffer_enable = overlong_buffer_enable
+        self.overlong_buffer_len = overlong_buffer_len
+        self.overlong_penalty_factor = overlong_penalty_factor
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Any,
+        tokenizer: Any = None,
+        compute_score: Callable[..., Any] | None = None,
+        num_examine: int = 0,
+    ) -> RewardManager:
+        """Build from a trainer config (``reward_model.reward_manager``, ``reward_model.overlong_buffer``,
+        ``data.reward_fn_key``, ``data.max_response_length``), read by attribute."""
+        reward_model = getattr(cfg, "reward_model", None)
+        buffer = getattr(reward_model, "overlong_buffer", None)
+        return cls(
+            tokenizer,
+            compute_score=compute_score,
+            reward_fn_key=getattr(cfg.data, "reward_fn_key", None) or "data_source",
+            num_examine=num_examine,
+            kind=getattr(reward_model, "reward_manager", None) or "naive",
+            max_response_length=getattr(cfg.data, "max_response_length", None),
+            overlong_buffer_enable=bool(getattr(buffer, "enable", False)),
+            overlong_buffer_len=int(getattr(buffer, "len", 0) or 0),
+            overlong_penalty_factor=float(getattr(buffer, "penalty_factor", 1.0)),
+        )
+
+    def __call__(self, data: Any, tokenizer: Any = None, return_dict: bool = False) -> Any:
+        """Token-level scores ``(bs, response_len)``; with ``return_dict`` also per-sample extra info:
+        ``{"reward_tensor": tensor, "reward_extra_info": {key: list of length bs}}``."""
+        batch = data.batch
+        if "rm_scores" in batch.keys():
+            # A reward model already scored the batch.
+            scores = batch["rm_scores"]
+            return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                "RewardManager needs a tokenizer to decode responses: pass it to __init__ or the call."
+            )
+        responses = batch["responses"]
+        valid_lengths = self._valid_response_lengths(batch)
+        texts = tokenizer.batch_decode(
+            [responses[i, : int(n)].tolist() for i, n in enumerate(valid_lengths)], skip_special_tokens=True
+        )
+        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
+        results = [self._score_one(data, i, texts[i], int(valid_lengths[i])) for i in range(len(texts))]
+        extra: dict[str, list[Any]] = defaultdict(lambda: [None] * len(results))
+        for i, (reward, info) in enumerate(results):
+            if valid_lengths[i] > 0:
+                reward_tensor[i, int(valid_lengths[i]) - 1] = reward
+            for key, value in info.items():
+                extra[key][i] = value
+        self._log_examples(data, texts, results)
+        if return_dict:
+            return {"reward_tensor": reward_tensor, "reward_extra_info": dict(extra)}
+        return reward_tensor
+
+    def _valid_response_lengths(self, batch: Any) -> torch.Tensor:
+        """Number of valid (right-padded) tokens per response, from ``response_mask`` or ``attention_mask``."""
+        if "response_mask" in batch.keys():
+            return batch["response_mask"].sum(dim=-1)
+        response_len = batch["responses"].shape[-1]
+        return batch["attention_mask"][:, -response_len:].sum(dim=-1)
+
+    def _score_one(self, data: Any, i: int, text: str, length: int) -> tuple[float, dict[str, Any]]:
+        """The reward of sample ``i`` and its extra info (the scorer's dict keys, overlong shaping)."""
+        non_tensor = data.non_tensor_batch
+        data_source = non_tensor[self.reward_fn_key][i]
+        ground_truth = non_tensor["reward_model"][i]["ground_truth"]
+        extra_info = non_tensor["extra_info"][i] if "extra_info" in non_tensor else None
+        result = self.compute_score(
+            data_source=data_source, solution_str=text, ground_truth=ground_truth, extra_info=extra_info
+        )
+        if isinstance(result, dict):
+            if "score" not in result:
+                raise ValueError(
+                    f"the reward function for data_source {data_source!r} returned a dict without a 'score' "
+                    f"key (keys: {sorted(result)}); return a float or a dict with 'score'."
+                )
+            info = dict(result)
+            reward = float(result["score"])
+        else:
+            reward = float(result)
+            info = {"score": reward}
+        if self.overlong_buffer_enable and self.max_response_length is not None:
+            penalty = overlong_penalty(
+                length, self.max_response_length, self.overlong_buffer_len, self.overlong_penalty_factor
+            )
+            reward += penalty
+            info["overlong_reward"] = penalty
+            info["overlong"] = penalty < 0
+        return reward, info
+
+    def _log_examples(self, data: Any, texts: list[str], results: list[tuple[float, dict[str, Any]]]) -> None:
+        """Log the first ``num_examine`` responses of each data source (to eyeball what is rewarded)."""
+        if self.num_examine <= 0:
+            return
+        shown: dict[str, int] = defaultdict(int)
+        sources = data.non_tensor_batch[self.reward_fn_key]
+        for i, text in enumerate(texts):
+            source = str(sources[i])
+            if shown[source] >= self.num_examine:
+                continue
+            shown[source] += 1
+            truth = data.non_tensor_batch["reward_model"][i]["ground_truth"]
+            logger.info("[%s] response=%r ground_truth=%r reward=%.3f", source, text, truth, results[i][0])
