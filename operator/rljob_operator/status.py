@@ -1,0 +1,269 @@
+"""Pure status logic: what an RLJob's status is, and what to do next, from what was observed.
+
+`compute_status` is the ONE place that turns observations (the RayJob of the current attempt, the
+validation problems) into `status` (phase, conditions, attempt, child names, times, last failure).
+`decide` picks the attempt whose children must exist (first run, retry after a failure while attempts
+remain, nothing when invalid or finished), the RayJob's desired `suspend`, the new status and the
+Events of the transitions. No I/O, no clock: `now` is passed in.
+
+KubeRay facts used (ray.io/v1 RayJob, KubeRay v1.7.0 CRD): `status.jobDeploymentStatus` in
+Initializing | Running | Complete | Failed | Suspending | Suspended | Retrying | Waiting | ValidationFailed,
+`status.jobStatus` in PENDING | RUNNING | SUCCEEDED | FAILED | STOPPED, plus reason/message/
+dashboardURL/startTime/endTime.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from typing import Any
+
+from rljob_operator import names
+
+Obj = dict[str, Any]
+CONDITION_TYPES = ("Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed")
+TERMINAL_PHASES = ("Succeeded", "Failed")
+#: RayJob outcomes that retrying the same manifest cannot fix (KubeRay rejected the RayJob itself).
+PERMANENT_RAYJOB_FAILURES = ("ValidationFailed",)
+
+
+def rfc3339(now: datetime.datetime) -> str:
+    """Kubernetes' timestamp format (UTC, second precision, `Z`)."""
+    return now.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime.datetime | None:
+    """Parse an RFC 3339 timestamp as written by the API server; None when absent or malformed."""
+    if not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def rayjob_outcome(rayjob: Obj | None) -> str:
+    """Classify a RayJob: missing | pending | starting | running | suspended | succeeded | failed | invalid."""
+    if rayjob is None:
+        return "missing"
+    st = rayjob.get("status") or {}
+    deployment, job = st.get("jobDeploymentStatus", ""), st.get("jobStatus", "")
+    if deployment in PERMANENT_RAYJOB_FAILURES:
+        return "invalid"
+    if deployment == "Failed" or (deployment == "Complete" and job in ("FAILED", "STOPPED")):
+        return "failed"
+    if deployment == "Complete" or job == "SUCCEEDED":
+        return "succeeded" if job in ("SUCCEEDED", "") else "failed"
+    if deployment in ("Suspending", "Suspended") or ((rayjob.get("spec") or {}).get("suspend") and not deployment):
+        return "suspended"
+    if deployment == "Running":
+        return "running"
+    if deployment in ("Initializing", "Waiting", "Retrying"):
+        return "starting"
+    return "pending"
+
+
+def _failure_of(rayjob: Obj, attempt: int) -> Obj:
+    st = rayjob.get("status") or {}
+    reason = st.get("reason") or f"RayJob{st.get('jobDeploymentStatus') or 'Failed'}"
+    message = st.get("message") or (
+        f"RayJob {rayjob['metadata']['name']} ended with jobDeploymentStatus={st.get('jobDeploymentStatus')}, "
+        f"jobStatus={st.get('jobStatus')}; see `kubectl describe rayjob {rayjob['metadata']['name']}` "
+        f"and the head pod's logs")
+    return {"attempt": attempt, "reason": reason, "message": message}
+
+
+def merge_conditions(old: list[Obj], desired: dict[str, tuple[str, str, str]], now: datetime.datetime,
+                     generation: int | None) -> list[Obj]:
+    """Conditions in a fixed order; `lastTransitionTime` is kept when a condition's status did not change."""
+    previous = {c.get("type"): c for c in old or []}
+    result = []
+    for ctype in CONDITION_TYPES:
+        if ctype not in desired:
+            continue
+        status, reason, message = desired[ctype]
+        before = previous.get(ctype) or {}
+        changed = before.get("status") != status
+        cond = {"type": ctype, "status": status, "reason": reason, "message": message,
+                "lastTransitionTime": rfc3339(now) if changed or not before.get("lastTransitionTime")
+                else before["lastTransitionTime"]}
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        result.append(cond)
+    return result
+
+
+def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended: bool,
+                        failure: Obj | None) -> dict[str, tuple[str, str, str]]:
+    if problems:
+        msg = "; ".join(problems) + ". Fix the RLJob spec (`rljob validate job.yaml` shows the same checks)."
+        return {"Validated": ("False", "InvalidSpec", msg)}
+    conds = {"Validated": ("True", "Valid", "The spec passed validation.")}
+    conds["Suspended"] = (("True", "Suspended", "spec.suspend is true: the Ray cluster is released; set it to "
+                           "false to resume from the latest checkpoint.") if suspended
+                          else ("True", "Queued", "Waiting for Kueue to admit the RayJob.") if phase == "Queued"
+                          else ("False", "NotSuspended", "The job is not suspended."))
+    ready = outcome in ("running", "succeeded")
+    conds["ClusterReady"] = ("True", "ClusterReady", "The Ray cluster is up.") if ready else \
+        ("False", "ClusterNotReady", f"The Ray cluster is not ready (phase {phase}).")
+    conds["Running"] = ("True", "TrainerRunning", "The trainer is running.") if phase == "Running" else \
+        ("False", "NotRunning", f"The trainer is not running (phase {phase}).")
+    conds["Succeeded"] = ("True", "Succeeded", "Training finished.") if phase == "Succeeded" else \
+        ("False", "NotFinished", "Training has not finished.")
+    if phase == "Failed" and failure:
+        conds["Failed"] = ("True", failure.get("reason") or "Failed", failure.get("message") or "")
+    else:
+        conds["Failed"] = ("False", "NoFailure", "The job has not failed.")
+    return conds
+
+
+def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str], now: datetime.datetime, *,
+                   attempt: int, gave_up: bool = False, last_failure: Obj | None = None) -> Obj:
+    """The RLJob status for the current attempt, from the RayJob of that attempt (None: not created yet).
+
+    `gave_up`: the attempt failed and no retries are left (phase Failed). `last_failure`: the latest
+    failed attempt (kept in status and shown while retrying).
+    """
+    old = rljob.get("status") or {}
+    spec = rljob.get("spec") or {}
+    meta = rljob.get("metadata") or {}
+    name = meta.get("name", "")
+    suspended = bool(spec.get("suspend"))
+    outcome = rayjob_outcome(rayjob)
+    failure = last_failure or old.get("lastFailure")
+    if validation_problems:
+        phase = "Invalid"
+    elif outcome == "succeeded":
+        phase = "Succeeded"
+    elif gave_up or outcome == "invalid":
+        phase = "Failed"
+    elif suspended:
+        phase = "Suspended"
+    elif outcome == "suspended" or (outcome == "missing" and spec.get("queueName")):
+        phase = "Queued" if spec.get("queueName") else "Suspended"
+    elif outcome == "missing":
+        phase = "Retrying" if attempt > 1 else "Pending"
+    else:
+        phase = {"running": "Running", "starting": "Starting", "pending": "Starting",
+                 "failed": "Retrying"}[outcome]
+    status: Obj = {k: v for k, v in old.items() if k in ("progress", "metrics", "checkpoint", "startTime")}
+    status["observedGeneration"] = meta.get("generation")
+    status["phase"] = phase
+    status["conditions"] = merge_conditions(old.get("conditions") or [],
+                                            _desired_conditions(phase, validation_problems, outcome,
+                                                                suspended, failure),
+                                            now, meta.get("generation"))
+    if not validation_problems:
+        status["attempt"] = attempt
+        status["configMapName"] = names.config_map_name(name)
+        status["rayJobName"] = names.ray_job_name(name, attempt)
+    elif old.get("attempt"):
+        status["attempt"] = old["attempt"]
+    ray_status = (rayjob or {}).get("status") or {}
+    if ray_status.get("dashboardURL"):
+        status["dashboardURL"] = ray_status["dashboardURL"]
+    if rayjob is not None and "startTime" not in status:
+        status["startTime"] = ray_status.get("startTime") or rfc3339(now)
+    if phase in TERMINAL_PHASES:
+        status["completionTime"] = old.get("completionTime") or ray_status.get("endTime") or rfc3339(now)
+    if failure:
+        status["lastFailure"] = failure
+    return {k: v for k, v in status.items() if v is not None}
+
+
+@dataclass
+class EventSpec:
+    """A Kubernetes Event to post about the RLJob."""
+
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    """What reconcile must make true: children of `attempt` (None: none), RayJob suspend, status, events."""
+
+    attempt: int | None
+    suspend: bool | None
+    status: Obj
+    events: list[EventSpec] = field(default_factory=list)
+
+
+def attempt_of(rayjob: Obj) -> int:
+    """The attempt number of one of our RayJobs (its `rl.hybridflow.dev/attempt` label; 0 if unlabelled)."""
+    try:
+        return int(((rayjob.get("metadata") or {}).get("labels") or {}).get(names.LABEL_ATTEMPT, "0"))
+    except ValueError:
+        return 0
+
+
+def _transition_events(old: Obj, new: Obj) -> list[EventSpec]:
+    events = []
+    old_conds = {c["type"]: c for c in old.get("conditions") or []}
+    validated = next((c for c in new["conditions"] if c["type"] == "Validated"), None)
+    if validated and validated["status"] == "False" and \
+            old_conds.get("Validated", {}).get("message") != validated["message"]:
+        events.append(EventSpec("Warning", "InvalidSpec", validated["message"]))
+    phase, before = new["phase"], old.get("phase")
+    if phase == before:
+        return events
+    failure = new.get("lastFailure") or {}
+    if phase == "Retrying" and failure:
+        events.append(EventSpec("Warning", "AttemptFailed",
+                                f"Attempt {failure.get('attempt')} failed ({failure.get('reason')}: "
+                                f"{failure.get('message')}); starting attempt {new['attempt']}, which resumes "
+                                f"from the latest checkpoint."))
+    elif phase == "Failed":
+        events.append(EventSpec("Warning", "Failed", f"Giving up after attempt {new.get('attempt')}: "
+                                                     f"{failure.get('reason')}: {failure.get('message')}"))
+    elif phase == "Succeeded":
+        events.append(EventSpec("Normal", "Succeeded", f"Training finished in attempt {new.get('attempt')}."))
+    elif phase in ("Suspended", "Queued"):
+        events.append(EventSpec("Normal", phase, new["conditions"][1]["message"]))
+    return events
+
+
+def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: datetime.datetime) -> Plan:
+    """Decide the next step of an RLJob from its observed RayJobs (all attempts) and validation problems."""
+    old = rljob.get("status") or {}
+    spec = rljob.get("spec") or {}
+    by_attempt = {attempt_of(r): r for r in rayjobs if attempt_of(r) > 0}
+    # The highest attempt seen anywhere wins: after a restart or a lost status write, no attempt repeats.
+    attempt = max([old.get("attempt") or 1, *by_attempt])
+    backoff_limit = int((spec.get("runPolicy") or {}).get("backoffLimit", 3))
+    if validation_problems:
+        status = compute_status(rljob, None, validation_problems, now, attempt=attempt)
+        return Plan(None, None, status, _transition_events(old, status))
+    if old.get("phase") in TERMINAL_PHASES and old.get("observedGeneration") == \
+            (rljob.get("metadata") or {}).get("generation"):
+        return Plan(None, None, old)  # finished: nothing to create, status stays as written
+    rayjob = by_attempt.get(attempt)
+    outcome = rayjob_outcome(rayjob)
+    kwargs: dict[str, Any] = {}
+    if outcome in ("failed", "invalid") and rayjob is not None:
+        failure = _failure_of(rayjob, attempt)
+        # attempts = 1 + retries: attempt N may be retried while N <= backoffLimit.
+        if outcome == "failed" and attempt <= backoff_limit and not _deadline_passed(old, spec, now):
+            attempt, rayjob = attempt + 1, None
+            kwargs["last_failure"] = failure
+        else:
+            kwargs.update(gave_up=True, last_failure=failure)
+    elif _deadline_passed(old, spec, now) and outcome not in ("succeeded",):
+        deadline = spec["runPolicy"]["activeDeadlineSeconds"]
+        kwargs.update(gave_up=True, last_failure={
+            "attempt": attempt, "reason": "DeadlineExceeded",
+            "message": f"The job ran longer than spec.runPolicy.activeDeadlineSeconds={deadline}; raise it "
+                       f"to allow longer runs"})
+    status = compute_status(rljob, rayjob, [], now, attempt=attempt, **kwargs)
+    events = _transition_events(old, status)
+    if status["phase"] in TERMINAL_PHASES:
+        return Plan(None, None, status, events)
+    suspend = True if spec.get("suspend") else (None if spec.get("queueName") else False)
+    return Plan(attempt, suspend, status, events)
+
+
+def _deadline_passed(old: Obj, spec: Obj, now: datetime.datetime) -> bool:
+    deadline = (spec.get("runPolicy") or {}).get("activeDeadlineSeconds")
+    start = parse_time(old.get("startTime"))
+    return bool(deadline and start and (now - start).total_seconds() > deadline)
