@@ -65,7 +65,7 @@ def ref_vanilla(old, new, adv, mask, mode, lo=0.2, hi=0.2, c=3.0, weights=None):
                 count += 1
                 kl += -float(log_r.detach())
                 clipped += int(float(l2.detach()) > float(l1.detach()))
-            if float(a) < 0 and float(loss) > float(-a * c):
+            if float(a) < 0 and float(loss.detach()) > float(-a * c):
                 loss = -a * c
                 lower += int(bool(mask[i, t]))
             if weights is not None:
@@ -84,7 +84,7 @@ def ref_cispo(old, new, adv, mask, mode, lo=0.2, hi=0.2):
     for i in range(BS):
         row = []
         for t in range(T):
-            r = math.exp(float(new[i, t]) - float(old[i, t]))
+            r = math.exp(float(new[i, t].detach()) - float(old[i, t]))
             row.append(-min(max(r, 1 - lo), 1 + hi) * adv[i, t] * new[i, t])
         losses.append(row)
     return ref_agg(losses, mask, mode)
@@ -153,7 +153,7 @@ def test_gspo_matches_sequence_level_reference_and_gradient() -> None:
     clipped_tokens = tokens = 0
     for i in seqs:
         n = LENGTHS[i]
-        s = math.exp(sum(float(new[i, t]) - float(old[i, t]) for t in range(n)) / n)  # (pi/pi_old)^(1/|y|)
+        s = math.exp(sum(float(new[i, t].detach()) - float(old[i, t]) for t in range(n)) / n)  # (pi/pi_old)^(1/|y|)
         a = float(adv[i, 0])
         unclipped, clipped = -a * s, -a * min(max(s, 1 - lo), 1 + hi)
         value += max(unclipped, clipped) / len(seqs)
