@@ -127,9 +127,42 @@ def test_dapo_manager_applies_overlong_shaping(tokenizer: Any) -> None:
 
 
 def test_config_errors() -> None:
-    with pytest.raises(ValueError, match="reward_manager='prime'.*naive, dapo"):
+    with pytest.raises(ValueError, match="reward_manager='prime'.*naive, dapo, batch"):
         RewardManager(kind="prime")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs reward_model.reward_manager=dapo"):
         RewardManager(overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=2)
-    with pytest.raises(ValueError, match="overlong_buffer.len=8 must be > 0 and smaller than"):
-        RewardManager(kind="dapo", overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=8)
+    with pytest.raises(ValueError, match="overlong_buffer.len=9 must be between 1 and"):
+        RewardManager(kind="dapo", overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=9)
+    with pytest.raises(ValueError, match="reward_manager=batch .* custom_reward_function.path"):
+        RewardManager(kind="batch")
+
+
+def test_batch_manager_calls_the_user_function_once_with_lists(tmp_path: Path, tokenizer: Any) -> None:
+    path = tmp_path / "batched.py"
+    path.write_text(
+        "CALLS = []\n"
+        "def score_all(data_sources, solution_strs, ground_truths, extra_infos, bonus=0.0):\n"
+        "    CALLS.append(len(solution_strs))\n"
+        "    return [{'score': float(s == g) + bonus, 'n': len(CALLS)} for s, g in zip(solution_strs, ground_truths)]\n"
+    )
+    fn = load_custom_reward_fn(str(path), "score_all", {"bonus": 0.5})
+    data = _batch(tokenizer, ["1", "2", "3"], ["1", "0", "3"])
+    out = RewardManager(tokenizer, kind="batch", compute_score=fn)(data, return_dict=True)
+    assert out["reward_tensor"][:, 1].tolist() == [1.5, 0.5, 1.5]
+    assert out["reward_extra_info"]["n"] == [1, 1, 1]  # one call for the whole batch
+    wrong = RewardManager(tokenizer, kind="batch", compute_score=lambda **kw: [0.0])
+    with pytest.raises(ValueError, match="returned 1 scores for 3 responses"):
+        wrong(data)
+
+
+def test_from_config(tokenizer: Any) -> None:
+    from types import SimpleNamespace as NS
+
+    cfg = NS(
+        data=NS(reward_fn_key="data_source", max_response_length=R),
+        reward_model=NS(reward_manager="dapo", overlong_buffer=NS(enable=True, len=2, penalty_factor=2.0)),
+    )
+    manager = RewardManager.from_config(cfg, tokenizer)
+    assert (manager.kind, manager.overlong_buffer_len, manager.overlong_penalty_factor) == ("dapo", 2, 2.0)
+    data = _batch(tokenizer, ["77777"], ["77777"])  # 6 tokens: the end of the buffer, penalty -2
+    assert manager(data)[0, 5] == pytest.approx(-1.0)

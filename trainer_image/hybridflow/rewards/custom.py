@@ -91,6 +91,22 @@ class CustomRewardFunction:
             **self.reward_kwargs,
         )
 
+    def batched(
+        self,
+        data_sources: list[str],
+        solution_strs: list[str],
+        ground_truths: list[Any],
+        extra_infos: list[dict[str, Any] | None],
+    ) -> Any:
+        """Call a batched user function (``reward_manager=batch``): lists in, one score per sample out."""
+        return self._fn(
+            data_sources=data_sources,
+            solution_strs=solution_strs,
+            ground_truths=ground_truths,
+            extra_infos=extra_infos,
+            **self.reward_kwargs,
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the location only; the receiving process re-imports the file."""
         return {"path": self.path, "name": self.name, "reward_kwargs": self.reward_kwargs}

@@ -1,8 +1,9 @@
-"""Reward managers: turn a batch of generated responses into token-level scores (verl's naive / dapo).
+"""Reward managers: turn a batch of generated responses into token-level scores (verl's naive/dapo/batch).
 
 A manager decodes each response (its valid tokens only), scores it with the data source's scorer or a
 custom function, and writes the score on the last valid response token of a ``(batch, response_len)``
-tensor; advantage estimators read it from there. ``kind="dapo"`` adds DAPO's soft overlong punishment.
+tensor; advantage estimators read it from there. ``kind="dapo"`` adds DAPO's soft overlong punishment;
+``kind="batch"`` calls a user function once per batch with lists (verl's BatchRewardManager contract).
 The manager holds only picklable state (a tokenizer, a module-level or `CustomRewardFunction` scorer),
 so it can be sent to a Ray actor.
 """
@@ -20,8 +21,8 @@ from hybridflow.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["naive", "dapo"]
-KINDS: tuple[str, ...] = ("naive", "dapo")
+Kind = Literal["naive", "dapo", "batch"]
+KINDS: tuple[str, ...] = ("naive", "dapo", "batch")
 
 
 def overlong_penalty(
@@ -61,11 +62,17 @@ class RewardManager:
                     "reward_model.overlong_buffer.enable=true needs reward_model.reward_manager=dapo "
                     f"(got {kind!r}); switch the manager or disable the overlong buffer."
                 )
-            if max_response_length is None or not 0 < overlong_buffer_len < max_response_length:
+            if max_response_length is None or not 0 < overlong_buffer_len <= max_response_length:
                 raise ValueError(
-                    f"reward_model.overlong_buffer.len={overlong_buffer_len} must be > 0 and smaller than "
-                    f"data.max_response_length={max_response_length}; lower the buffer length."
+                    f"reward_model.overlong_buffer.len={overlong_buffer_len} must be between 1 and "
+                    f"data.max_response_length={max_response_length}; set it in that range."
                 )
+        if kind == "batch" and compute_score is None:
+            raise ValueError(
+                "reward_model.reward_manager=batch calls a user function once per batch with lists "
+                "(data_sources, solution_strs, ground_truths, extra_infos): set custom_reward_function.path "
+                "to a file with such a function, or use reward_manager=naive for the built-in scorers."
+            )
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
         self.reward_fn_key = reward_fn_key
@@ -119,7 +126,8 @@ class RewardManager:
             [responses[i, : int(n)].tolist() for i, n in enumerate(valid_lengths)], skip_special_tokens=True
         )
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
-        results = [self._score_one(data, i, texts[i], int(valid_lengths[i])) for i in range(len(texts))]
+        raw = self._raw_scores(data, texts)
+        results = [self._shape(raw[i], int(valid_lengths[i]), data, i) for i in range(len(texts))]
         extra: dict[str, list[Any]] = defaultdict(lambda: [None] * len(results))
         for i, (reward, info) in enumerate(results):
             if valid_lengths[i] > 0:
@@ -138,19 +146,39 @@ class RewardManager:
         response_len = batch["responses"].shape[-1]
         return batch["attention_mask"][:, -response_len:].sum(dim=-1)
 
-    def _score_one(self, data: Any, i: int, text: str, length: int) -> tuple[float, dict[str, Any]]:
-        """The reward of sample ``i`` and its extra info (the scorer's dict keys, overlong shaping)."""
+    def _raw_scores(self, data: Any, texts: list[str]) -> list[Any]:
+        """What the scoring function returns for each response (one call per sample, or one per batch)."""
         non_tensor = data.non_tensor_batch
-        data_source = non_tensor[self.reward_fn_key][i]
-        ground_truth = non_tensor["reward_model"][i]["ground_truth"]
-        extra_info = non_tensor["extra_info"][i] if "extra_info" in non_tensor else None
-        result = self.compute_score(
-            data_source=data_source, solution_str=text, ground_truth=ground_truth, extra_info=extra_info
-        )
+        n = len(texts)
+        sources = [non_tensor[self.reward_fn_key][i] for i in range(n)]
+        truths = [non_tensor["reward_model"][i]["ground_truth"] for i in range(n)]
+        extras = [non_tensor["extra_info"][i] for i in range(n)] if "extra_info" in non_tensor else [None] * n
+        if self.kind == "batch":
+            # verl's BatchRewardManager contract: one call with lists, one result per sample back.
+            fn = getattr(self.compute_score, "batched", self.compute_score)
+            results = list(
+                fn(data_sources=sources, solution_strs=texts, ground_truths=truths, extra_infos=extras)
+            )
+            if len(results) != n:
+                raise ValueError(
+                    f"the batched reward function returned {len(results)} scores for {n} responses; "
+                    "return one score (float or dict with 'score') per response, in order."
+                )
+            return results
+        return [
+            self.compute_score(
+                data_source=sources[i], solution_str=texts[i], ground_truth=truths[i], extra_info=extras[i]
+            )
+            for i in range(n)
+        ]
+
+    def _shape(self, result: Any, length: int, data: Any, i: int) -> tuple[float, dict[str, Any]]:
+        """The reward of sample ``i`` and its extra info (the scorer's dict keys, overlong shaping)."""
         if isinstance(result, dict):
             if "score" not in result:
+                source = data.non_tensor_batch[self.reward_fn_key][i]
                 raise ValueError(
-                    f"the reward function for data_source {data_source!r} returned a dict without a 'score' "
+                    f"the reward function for data_source {source!r} returned a dict without a 'score' "
                     f"key (keys: {sorted(result)}); return a float or a dict with 'score'."
                 )
             info = dict(result)
