@@ -63,6 +63,10 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     return k2 - k2.detach() + value.detach()
 
 
+# Alias so functions whose verl-compatible keyword is also called `kl_penalty` can reach the estimator.
+_kl_estimate = kl_penalty
+
+
 def compute_rewards(
     token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kl_ratio: float
 ) -> torch.Tensor:
@@ -86,7 +90,7 @@ def apply_kl_penalty(
     metric names verl logs. The controller is updated with ``n_steps`` = batch size, as verl does.
     """
     with torch.no_grad():  # rewards carry no gradient, so a "+" suffix changes nothing here
-        kld = kl_penalty(old_log_prob, ref_log_prob, kl_penalty) * response_mask
+        kld = _kl_estimate(old_log_prob, ref_log_prob, kl_penalty) * response_mask
     beta = float(kl_ctrl.value)
     token_level_rewards = token_level_scores - beta * kld
     current_kl = masked_mean(kld, response_mask, axis=-1).mean().item()
