@@ -272,3 +272,43 @@ def test_imports_without_torch_or_ray() -> None:
     result = _run(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+# Overrides as they appear in verl's GRPO and PPO example scripts (shell quoting already removed).
+VERL_GRPO_SCRIPT = """
+algorithm.adv_estimator=grpo data.train_files=/data/gsm8k/train.parquet data.val_files=/data/gsm8k/test.parquet
+data.train_batch_size=1024 data.max_prompt_length=512 data.max_response_length=1024
+data.filter_overlong_prompts=True data.truncation=error actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct
+actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
+actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40
+actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
+actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40
+actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40 actor_rollout_ref.ref.fsdp_config.param_offload=True
+algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","wandb"]
+trainer.project_name=verl_grpo_example_gsm8k trainer.experiment_name=qwen2_7b_function_rm
+trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15
+"""
+VERL_PPO_SCRIPT = """
+data.train_files=/data/gsm8k/train.parquet data.val_files=/data/gsm8k/test.parquet data.train_batch_size=256
+data.max_prompt_length=512 data.max_response_length=256 actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct
+actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.ppo_mini_batch_size=64
+actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.gpu_memory_utilization=0.4
+actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 critic.optim.lr=1e-5
+critic.model.path=Qwen/Qwen2.5-0.5B-Instruct critic.ppo_micro_batch_size_per_gpu=4 algorithm.kl_ctrl.kl_coef=0.001
+trainer.logger=console trainer.val_before_train=False trainer.default_hdfs_dir=null trainer.n_gpus_per_node=1
+trainer.nnodes=1 trainer.save_freq=10 trainer.test_freq=10 trainer.total_epochs=15 ray_init.num_cpus=8
+"""
+
+
+@pytest.mark.parametrize("script", [VERL_GRPO_SCRIPT, VERL_PPO_SCRIPT], ids=["grpo", "ppo"])
+def test_verl_example_overrides_work_unchanged(script: str) -> None:
+    """A verl user's command-line overrides parse as they are and give a runnable config."""
+    cfg = load_config(None, script.split())
+    cfg.validate_for_run()
+    assert cfg.actor_rollout_ref.model.path is not None
+    assert cfg.critic_enabled is (cfg.algorithm.adv_estimator == "gae")

@@ -49,7 +49,38 @@ def _describe(item: Any, loc: tuple[Any, ...], root: type[BaseModel]) -> str:
     message = str(item["msg"]).removeprefix("Value error, ")
     if kind == "value_error":
         return f"{path}: {message}"
-    return f"{path}: {message[0].lower() + message[1:]} (got {item['input']!r}); fix the value"
+    got = f"got {item['input']!r}"
+    bound = _BOUNDS.get(kind)
+    if bound is not None:
+        relation, key = bound
+        return f"{path}: must be {relation} {item['ctx'][key]} ({got}); change the value"
+    expected = _EXPECTED.get(kind)
+    if expected is not None:
+        return f"{path}: expected {expected} ({got}); fix the value"
+    return f"{path}: {message[0].lower() + message[1:]} ({got}); fix the value"
+
+
+_BOUNDS = {
+    "greater_than": (">", "gt"),
+    "greater_than_equal": (">=", "ge"),
+    "less_than": ("<", "lt"),
+    "less_than_equal": ("<=", "le"),
+}
+_EXPECTED = {
+    "int_parsing": "a whole number",
+    "int_type": "a whole number",
+    "int_from_float": "a whole number",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping of keys to values",
+    "model_type": "a mapping of keys to values",
+    "model_attributes_type": "a mapping of keys to values",
+    "none_required": "null (this key is accepted only for compatibility)",
+}
 
 
 def _suggest(key: str, valid: list[str]) -> str:
