@@ -1,0 +1,135 @@
+"""PPO actor on an `FSDPEngine`: log-probs and entropy of responses, and the policy update.
+
+The update follows verl's actor: the rank's share of the batch is cut into mini-batches (one
+optimizer step each), each mini-batch into micro-batches (gradient accumulation); `ppo_epochs`
+passes. Loss = policy loss (from the registry) - entropy_coeff x entropy + kl_loss_coef x KL(ref),
+all aggregated with `loss_agg_mode`, scaled by the mini-batch's global token/sequence count so any
+world size gives the gradient of the same global mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hybridflow.algorithms import (
+    agg_loss,
+    entropy_from_logits,
+    get_policy_loss_fn,
+    kl_penalty,
+    logprobs_from_logits,
+)
+from hybridflow.engines.batching import (
+    MetricAccumulator,
+    accumulation_scale,
+    loss_units,
+    shuffled,
+    split_batch,
+)
+from hybridflow.engines.fsdp_engine import FSDPEngine, _get
+from hybridflow.protocol import DataProto
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def response_logits(engine: FSDPEngine, micro: DataProto, temperature: float) -> torch.Tensor:
+    """Logits that predict each response token: positions -R-1 .. -2 of the sequence, / temperature."""
+    b = micro.batch
+    resp_len = b["responses"].shape[1]
+    logits = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"])
+    return logits[:, -resp_len - 1 : -1, :].float() / temperature
+
+
+class PPOActor:
+    """Policy-gradient training and log-prob computation for one rank's share of a batch."""
+
+    def __init__(self, engine: FSDPEngine, config: Any = None, seed: int = 0) -> None:
+        self.engine = engine
+        self.config = config
+        self.seed = seed
+        self._updates = 0
+
+    def compute_log_prob(
+        self, data: DataProto, micro_batch_size: int | None = None, calculate_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs (b, R) of `responses` under the model, and entropies when asked."""
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        was_training = self.engine.module.training
+        self.engine.module.eval()
+        log_probs, entropys = [], []
+        with torch.no_grad():
+            for micro in split_batch(data.select(list(MODEL_INPUTS)), micro_batch_size):
+                logits = response_logits(self.engine, micro, temperature)
+                log_probs.append(logprobs_from_logits(logits, micro.batch["responses"].to(logits.device)))
+                if calculate_entropy:
+                    entropys.append(entropy_from_logits(logits))
+        self.engine.module.train(was_training)
+        ent = torch.cat(entropys).cpu() if calculate_entropy else None
+        return torch.cat(log_probs).cpu(), ent
+
+    def update_policy(self, data: DataProto, mini_batch_size: int, micro_batch_size: int | None) -> dict[str, float]:
+        """PPO epochs over mini-batches of this rank's rows; returns verl-named metric means."""
+        cfg = self.config
+        mode = str(_get(cfg, "loss_agg_mode", "token-mean"))
+        entropy_coeff = float(_get(cfg, "entropy_coeff", 0.0))
+        use_kl = bool(_get(cfg, "use_kl_loss", False))
+        kl_coef = float(_get(cfg, "kl_loss_coef", 0.001))
+        kl_type = str(_get(cfg, "kl_loss_type", "low_var_kl"))
+        loss_mode = str(_get(_get(cfg, "policy_loss", None), "loss_mode", "vanilla"))
+        policy_loss_fn = get_policy_loss_fn(loss_mode)
+        temperature = float(data.meta_info.get("temperature", 1.0))
+
+        keys = [*MODEL_INPUTS, "old_log_probs", "advantages", "response_mask"]
+        if use_kl:
+            if "ref_log_prob" not in data.batch:
+                raise KeyError(
+                    "actor.use_kl_loss=true needs ref_log_prob in the batch; compute it with "
+                    "compute_ref_log_prob before update_actor (or set use_kl_loss=false)"
+                )
+            keys.append("ref_log_prob")
+        if "rollout_log_probs" in data.batch:
+            keys.append("rollout_log_probs")
+        batch = data.select(keys)
+        acc = MetricAccumulator()
+        self.engine.module.train()
+        for epoch in range(int(_get(cfg, "ppo_epochs", 1))):
+            if bool(_get(cfg, "shuffle", False)):
+                batch = shuffled(batch, seed=self.seed + 1000 * self._updates + epoch)
+            for mini in split_batch(batch, mini_batch_size):
+                mask_all = mini.batch["response_mask"]
+                global_units = self.engine.all_reduce_sum(loss_units(mask_all, mode))
+                for micro in split_batch(mini, micro_batch_size):
+                    b = micro.batch
+                    device = self.engine.device
+                    mask = b["response_mask"].to(device)
+                    logits = response_logits(self.engine, micro, temperature)
+                    log_prob = logprobs_from_logits(logits, b["responses"].to(device))
+                    pg_loss, pg_metrics = policy_loss_fn(
+                        old_log_prob=b["old_log_probs"].to(device),
+                        log_prob=log_prob,
+                        advantages=b["advantages"].to(device),
+                        response_mask=mask,
+                        loss_agg_mode=mode,
+                        config=cfg,
+                        rollout_log_probs=b["rollout_log_probs"].to(device) if "rollout_log_probs" in b else None,
+                    )
+                    loss = pg_loss
+                    metrics: dict[str, Any] = {"actor/pg_loss": pg_loss.detach(), **pg_metrics}
+                    if entropy_coeff != 0:
+                        entropy = agg_loss(entropy_from_logits(logits), mask, mode)
+                        loss = loss - entropy_coeff * entropy
+                        metrics["actor/entropy"] = entropy.detach()
+                    if use_kl:
+                        kld = kl_penalty(log_prob, b["ref_log_prob"].to(device), kl_type)
+                        kl_loss = agg_loss(kld, mask, mode)
+                        loss = loss + kl_coef * kl_loss
+                        metrics["actor/kl_loss"] = kl_loss.detach()
+                        metrics["actor/kl_coef"] = kl_coef
+                    scale = accumulation_scale(loss_units(mask, mode), global_units, self.engine.world_size)
+                    (loss * scale).backward()
+                    acc.add(metrics)
+                acc.add({"actor/lr": self.engine.current_lr()})
+                acc.add({"actor/grad_norm": self.engine.optimizer_step()})
+        self._updates += 1
+        return acc.means()

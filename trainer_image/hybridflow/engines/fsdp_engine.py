@@ -1,0 +1,271 @@
+"""FSDP2 training engine: an HF model sharded with `fully_shard`, its optimizer, schedule and state dicts.
+
+Ray-free: the engine runs in whatever process calls it. When torch.distributed is initialized (the
+worker does that: gloo on CPU, NCCL on GPU) every decoder layer and then the root are sharded over a
+1-D device mesh of all ranks; otherwise (a single process, unit tests) the model stays a plain module
+and the same code paths run unsharded. Gradients are averaged over ranks by FSDP's reduce-scatter;
+callers scale losses accordingly (see `PPOActor`).
+
+Full state dicts are collectives: call `full_state_dict` / `load_full_state_dict` and the optimizer
+counterparts on every rank at the same time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hybridflow.engines.optim import build_lr_scheduler, build_optimizer
+
+ModelKind = Literal["causal_lm", "value"]
+
+_DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+}
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if cfg is None:
+        return default
+    value = cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def to_dtype(name: str | torch.dtype) -> torch.dtype:
+    """`bf16` / `fp32` / ... (verl's config spellings) to a torch dtype."""
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def resolve_device(device: str) -> torch.device:
+    """`cpu` or `cuda` (the one GPU Ray gave this process) as a torch device."""
+    if device == "cpu":
+        return torch.device("cpu")
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "trainer.device=cuda but this process sees no CUDA device; set trainer.device=cpu or "
+                "run on GPU nodes (trainer.n_gpus_per_node counts GPUs there)"
+            )
+        index = int(os.environ.get("LOCAL_RANK", "0")) if torch.cuda.device_count() > 1 else 0
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    raise ValueError(f"unknown trainer.device {device!r}; use cpu or cuda")
+
+
+def load_hf_model(
+    path: str,
+    kind: ModelKind = "causal_lm",
+    dtype: torch.dtype = torch.float32,
+    override_config: dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+) -> nn.Module:
+    """Load an HF model folder as a causal LM or as a value model (token classification, 1 label)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for key, value in (override_config or {}).items():
+        setattr(config, key, value)
+    if kind == "causal_lm":
+        return AutoModelForCausalLM.from_pretrained(
+            path, config=config, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    if kind == "value":
+        # A value head: one logit per token; the score layer is new (random, seeded by the caller),
+        # dropout off so values are deterministic in training mode.
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        return AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    raise ValueError(f"unknown model kind {kind!r}; use causal_lm or value")
+
+
+def _layer_classes(model: nn.Module, wrap_names: list[str] | None) -> set[str]:
+    names = set(wrap_names or getattr(model, "_no_split_modules", None) or [])
+    if not names:
+        raise ValueError(
+            f"{type(model).__name__} names no decoder-layer class to shard; set "
+            "fsdp_config.wrap_policy.transformer_layer_cls_to_wrap to its layer class name"
+        )
+    return names
+
+
+class FSDPEngine:
+    """One model (actor, reference, critic) with optional optimizer, sharded when distributed."""
+
+    def __init__(
+        self,
+        model_path: str,
+        kind: ModelKind = "causal_lm",
+        device: str = "cpu",
+        model_config: Any = None,
+        fsdp_config: Any = None,
+        optim_config: Any = None,
+        total_steps: int | None = None,
+        grad_clip: float | None = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.device = resolve_device(device)
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.grad_clip = grad_clip
+        self.kind = kind
+        torch.manual_seed(seed)  # same seed on every rank: new heads start identical everywhere
+        module = load_hf_model(
+            model_path,
+            kind=kind,
+            dtype=to_dtype(_get(fsdp_config, "model_dtype", "fp32")),
+            override_config=_get(model_config, "override_config", {}),
+            trust_remote_code=bool(_get(model_config, "trust_remote_code", False)),
+        )
+        self.hf_config = module.config
+        if optim_config is not None and _get(model_config, "enable_gradient_checkpointing", False):
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        module.to(self.device)
+        self.module: nn.Module = self._shard(module, fsdp_config) if self.distributed else module
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if optim_config is not None:
+            self.optimizer = build_optimizer(self.module.parameters(), optim_config)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config, total_steps)
+        else:
+            self.module.requires_grad_(False)
+            self.module.eval()
+
+    # ------------------------------------------------------------------ sharding
+    def _shard(self, module: nn.Module, fsdp_config: Any) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        fsdp_size = int(_get(fsdp_config, "fsdp_size", -1))
+        if fsdp_size not in (-1, self.world_size):
+            raise ValueError(
+                f"fsdp_config.fsdp_size={fsdp_size} asks for hybrid sharding, which this engine does not "
+                f"support; use -1 (shard over all {self.world_size} ranks)"
+            )
+        mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
+        kwargs: dict[str, Any] = {
+            "mesh": mesh,
+            "reshard_after_forward": bool(_get(fsdp_config, "reshard_after_forward", True)),
+        }
+        if self.device.type == "cuda":
+            # Mixed precision on GPU only: compute in param_dtype, reduce gradients in reduce_dtype.
+            mp = _get(fsdp_config, "mixed_precision", None)
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=to_dtype(_get(mp, "param_dtype", "bf16")),
+                reduce_dtype=to_dtype(_get(mp, "reduce_dtype", "fp32")),
+            )
+            if _get(fsdp_config, "offload_policy", False):
+                kwargs["offload_policy"] = CPUOffloadPolicy()
+        wrap = _get(fsdp_config, "wrap_policy", None)
+        layer_names = _layer_classes(module, _get(wrap, "transformer_layer_cls_to_wrap", None))
+        for sub in module.modules():
+            if type(sub).__name__ in layer_names:
+                fully_shard(sub, **kwargs)
+        fully_shard(module, **kwargs)
+        return module
+
+    # ------------------------------------------------------------------ compute
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        """The model's logits (causal LM: (b, T, vocab); value model: (b, T, 1))."""
+        out = self.module(
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention_mask.to(self.device),
+            position_ids=position_ids.to(self.device),
+            use_cache=False,
+        )
+        return out.logits
+
+    def all_reduce_sum(self, value: float | torch.Tensor) -> torch.Tensor:
+        """Sum a scalar over all ranks (itself when not distributed)."""
+        t = torch.as_tensor(value, dtype=torch.float64, device=self.device).clone()
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def optimizer_step(self) -> float:
+        """Clip the global grad norm, step the optimizer and schedule; skip the update on inf/nan.
+
+        Returns the pre-clip gradient norm (what verl logs as actor/grad_norm).
+        """
+        if self.optimizer is None or self.lr_scheduler is None:
+            raise RuntimeError("optimizer_step on an engine built without optim_config (a reference model?)")
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        max_norm = self.grad_clip if self.grad_clip and self.grad_clip > 0 else float("inf")
+        # On DTensor (sharded) gradients this computes the norm over all shards, i.e. the global norm.
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        grad_norm = float(norm)
+        if torch.isfinite(torch.tensor(grad_norm)):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()
+        return grad_norm
+
+    def current_lr(self) -> float:
+        """The lr the next optimizer step uses."""
+        if self.optimizer is None:
+            return 0.0
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------ state dicts (collectives)
+    def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+        """The unsharded model weights; a collective on all ranks. `rank0_only`: others get {} (on CPU)."""
+        if not self.distributed:
+            return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+        return get_model_state_dict(self.module, options=opts)
+
+    def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load unsharded weights; a collective. Rank 0's dict is broadcast, others may pass {}."""
+        if not self.distributed:
+            self.module.load_state_dict(state_dict)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(self.module, state_dict, options=opts)
+
+    def optimizer_state_dict(self) -> dict[str, Any]:
+        """Unsharded optimizer state keyed by parameter name (on rank 0; {} elsewhere); a collective."""
+        if self.optimizer is None:
+            return {}
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        if not self.distributed:
+            return get_optimizer_state_dict(
+                self.module, self.optimizer, options=StateDictOptions(full_state_dict=True)
+            )
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_optimizer_state_dict(self.module, self.optimizer, options=opts)
+
+    def load_optimizer_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load unsharded optimizer state (rank 0's is broadcast; others may pass {}); a collective."""
+        if self.optimizer is None:
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.distributed)
+        set_optimizer_state_dict(self.module, self.optimizer, optim_state_dict=state_dict, options=opts)
+
+    def named_full_parameters(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """(name, full tensor) pairs of the weights; a collective (see `full_state_dict`)."""
+        return self.full_state_dict().items()
