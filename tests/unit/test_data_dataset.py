@@ -148,3 +148,29 @@ def test_collate_into_dataproto(parquet: str, tokenizer: Any) -> None:
         assert isinstance(array, np.ndarray) and array.dtype == object and array.shape == (3,), key
     assert batch.non_tensor_batch["raw_prompt_ids"][0] == ds[0]["raw_prompt_ids"]
     assert batch.non_tensor_batch["reward_model"][2]["ground_truth"] == "1"
+
+
+def test_from_config_with_the_trainer_config(parquet: str, tokenizer: Any) -> None:
+    from hybridflow.config import parse_config
+    from hybridflow.data.sampler import StatefulDataLoader
+
+    cfg = parse_config(
+        {
+            "data": {
+                "train_files": [parquet],
+                "val_files": [parquet],
+                "max_prompt_length": 10,
+                "filter_overlong_prompts": True,
+                "return_raw_chat": True,
+                "train_batch_size": 2,
+                "seed": 5,
+            },
+            "trainer": {"n_gpus_per_node": 1},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 2}},
+        }
+    )
+    ds = RLHFDataset.from_config(cfg, tokenizer, "val")
+    assert len(ds) == 2 and ds.num_filtered == 2 and "raw_prompt" in ds[0]
+    loader = StatefulDataLoader.from_config(cfg, ds)
+    assert len(loader) == 1 and loader.seed == 5
+    assert len(next(iter(loader))) == 2

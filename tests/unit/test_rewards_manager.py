@@ -166,3 +166,22 @@ def test_from_config(tokenizer: Any) -> None:
     assert (manager.kind, manager.overlong_buffer_len, manager.overlong_penalty_factor) == ("dapo", 2, 2.0)
     data = _batch(tokenizer, ["77777"], ["77777"])  # 6 tokens: the end of the buffer, penalty -2
     assert manager(data)[0, 5] == pytest.approx(-1.0)
+
+
+def test_from_the_trainer_config(tmp_path: Path, tokenizer: Any) -> None:
+    from hybridflow.config import parse_config
+    from hybridflow.rewards import load_custom_reward_fn_from_config
+
+    path = tmp_path / "r.py"
+    path.write_text(
+        "def f(data_source, solution_str, ground_truth, extra_info=None, k=0):\n    return float(k)\n"
+    )
+    cfg = parse_config(
+        {
+            "custom_reward_function": {"path": str(path), "name": "f", "reward_kwargs": {"k": 3}},
+            "reward_model": {"reward_manager": "naive"},
+        }
+    )
+    manager = RewardManager.from_config(cfg, tokenizer, compute_score=load_custom_reward_fn_from_config(cfg))
+    assert manager.kind == "naive" and manager.max_response_length == cfg.data.max_response_length
+    assert manager(_batch(tokenizer, ["1"], ["1"]))[0, 1] == 3.0
