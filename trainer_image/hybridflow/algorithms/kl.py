@@ -8,8 +8,10 @@ import torch
 
 from .torch_functional import masked_mean
 
-# Base estimator names; any of them may carry a "+" suffix (straight-through, see kl_penalty).
-KL_PENALTIES: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+_BASE_KL: tuple[str, ...] = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# Accepted names: the estimators plus the straight-through "+" forms of k1/k2/k3 (see kl_penalty).
+# Kept equal to hybridflow.config.KL_PENALTIES (a unit test checks it).
+KL_PENALTIES: tuple[str, ...] = (*_BASE_KL, "k1+", "k2+", "k3+", "low_var_kl+")
 
 
 class KLController(Protocol):
@@ -23,8 +25,8 @@ class KLController(Protocol):
 def _unknown(name: str) -> ValueError:
     valid = ", ".join(KL_PENALTIES)
     return ValueError(
-        f"Unknown KL penalty {name!r}. Valid names: {valid} (each optionally with a '+' suffix for "
-        "the straight-through k2 gradient). Fix algorithm.kl_penalty or actor_rollout_ref.actor.kl_loss_type."
+        f"Unknown KL penalty {name!r}. Valid names: {valid} ('+': the value of that estimator with the "
+        "gradient of k2). Fix algorithm.kl_penalty or actor_rollout_ref.actor.kl_loss_type."
     )
 
 
@@ -52,10 +54,10 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     k2's gradient is. ``x+`` therefore returns ``k2 - sg[k2] + sg[x]`` (straight-through), as verl
     does, following Liu et al. 2025 (arXiv 2505.17508).
     """
+    if kl_penalty not in KL_PENALTIES:
+        raise _unknown(kl_penalty)
     straight_through = kl_penalty.endswith("+")
     base = kl_penalty[:-1] if straight_through else kl_penalty
-    if base not in KL_PENALTIES:
-        raise _unknown(kl_penalty)
     value = kl_penalty_forward(logprob, ref_logprob, base)
     if not straight_through or base in ("mse", "k2"):
         return value
@@ -96,4 +98,3 @@ def apply_kl_penalty(
     current_kl = masked_mean(kld, response_mask, axis=-1).mean().item()
     kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
     return token_level_rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
-
