@@ -241,6 +241,10 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
     rayjob = by_attempt.get(attempt)
     outcome = rayjob_outcome(rayjob)
     kwargs: dict[str, Any] = {}
+    previous = by_attempt.get(attempt - 1)
+    if previous is not None and rayjob_outcome(previous) == "failed" and \
+            (old.get("lastFailure") or {}).get("attempt") != attempt - 1:
+        kwargs["last_failure"] = _failure_of(previous, attempt - 1)  # e.g. status lost before the retry
     if outcome in ("failed", "invalid") and rayjob is not None:
         failure = _failure_of(rayjob, attempt)
         # attempts = 1 + retries: attempt N may be retried while N <= backoffLimit.

@@ -331,17 +331,20 @@ class KubeEmulator:
                 await response.write(json.dumps({"type": "ADDED", "object": item}).encode() + b"\n")
         else:
             rv = int(start)
-        while not self._closing and loop.time() < deadline:
-            tick = self._tick
-            assert tick is not None
-            for event in self.store.events_after(rt, rv, namespace, labels, fields):
-                await response.write(json.dumps({"type": event.type, "object": event.obj}).encode() + b"\n")
-                rv = event.rv
-            try:
-                await asyncio.wait_for(tick.wait(), timeout=max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                break
-        await response.write_eof()
+        try:
+            while not self._closing and loop.time() < deadline:
+                tick = self._tick
+                assert tick is not None
+                for event in self.store.events_after(rt, rv, namespace, labels, fields):
+                    await response.write(json.dumps({"type": event.type, "object": event.obj}).encode() + b"\n")
+                    rv = event.rv
+                try:
+                    await asyncio.wait_for(tick.wait(), timeout=max(0.0, deadline - loop.time()))
+                except asyncio.TimeoutError:
+                    break
+            await response.write_eof()
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            pass  # the client went away (operator stopped): nothing to finish
         return response
 
     # ---- discovery ---------------------------------------------------------------------------------

@@ -1,0 +1,156 @@
+"""kopf handlers: the only module with @kopf decorators; each hands off to `Runtime.reconcile`.
+
+Triggers: an RLJob resumed/created/updated; an event on one of our RayJobs (routed to its owner by
+the `rl.hybridflow.dev/rljob` label); a timer (level-based resync and the progress hook). Two kopf
+indexes keep the RLJobs and our RayJobs in memory, so a reconcile needs no extra reads. kopf fills
+every index before the first handler runs, so a restarted operator sees existing RayJobs and creates
+no duplicates. Deletion adds no finalizer: children carry ownerReferences and the garbage collector
+removes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from rljob_operator import api, metrics, names, reconcile
+from rljob_operator.builders import RAY_API_VERSION
+from rljob_operator.kube import KubeClient, load_credentials
+from rljob_operator.settings import Settings
+
+RLJOBS = (api.GROUP, api.VERSION, api.PLURAL)
+RAYJOBS = (*RAY_API_VERSION.split("/"), "rayjobs")
+OURS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
+#: main.run() sets this from --resync-seconds before importing this module (decorators need a constant).
+RESYNC_SECONDS = float(os.environ.get("RLJOB_RESYNC_SECONDS", "60"))
+log = logging.getLogger(__name__)
+
+
+def plain(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep, plain-dict copy of a kopf body (safe to keep and to mutate)."""
+    return {k: copy.deepcopy(v) for k, v in body.items()}
+
+
+def read_progress(rljob: dict[str, Any], rayjob: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Hook for the trainer's progress and metrics (status.progress/metrics/checkpoint).
+
+    Not implemented yet (a later issue): it will read the driver's Prometheus endpoint or the JSONL
+    next to the checkpoints and return a status fragment; None means "nothing new".
+    """
+    return None
+
+
+@dataclass
+class Runtime:
+    """What the handlers share (kept in kopf's memo): settings, the API client, per-job locks and caches."""
+
+    settings: Settings
+    client: KubeClient
+    http: Any = None
+    tracker: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
+    locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    async def reconcile(self, rljob: dict[str, Any], rayjobs: Iterable[dict[str, Any]], trigger: str) -> None:
+        """Reconcile one RLJob under its lock, using the newest copy of it we know of."""
+        uid = rljob["metadata"]["uid"]
+        async with self.locks[uid]:
+            known = self.latest.get(uid)
+            if known and int(known["metadata"]["resourceVersion"]) > int(rljob["metadata"]["resourceVersion"]):
+                rljob = known  # our own status write is newer than the event that triggered us
+            try:
+                with metrics.RECONCILE_SECONDS.time():
+                    plan, written = await reconcile.reconcile(self.client, rljob, list(rayjobs),
+                                                              datetime.datetime.now(datetime.timezone.utc))
+            except Exception as err:
+                metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=type(err).__name__).inc()
+                raise
+            metrics.RECONCILES.labels(trigger=trigger).inc()
+            self.latest[uid] = written
+            self.tracker.set(uid, plan.status.get("phase"))
+
+    def forget(self, uid: str) -> None:
+        """Drop a deleted RLJob from caches and metrics."""
+        self.latest.pop(uid, None)
+        self.locks.pop(uid, None)
+        self.tracker.set(uid, None)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+    """Configure kopf, open the API client and the metrics endpoint."""
+    ours: Settings = memo.settings
+    settings.posting.level = logging.WARNING  # handler warnings/errors become Events on the RLJob
+    settings.peering.mandatory = False  # without kopf's peering CRD: warn and run alone
+    settings.watching.server_timeout = 300  # re-establish watches now and then, like kubectl does
+    client = KubeClient(load_credentials(), on_error=metrics.record_api_error)
+    await client.__aenter__()
+    memo.runtime = Runtime(settings=ours, client=client)
+    if ours.metrics_port:
+        memo.runtime.http = await metrics.start_http(ours.metrics_port)
+    logger.info("rljob operator started: namespaces=%s peering=%s metrics-port=%s",
+                list(ours.namespaces) or "all", ours.peering or "standalone", ours.metrics_port or "off")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Close the API client and the metrics endpoint."""
+    runtime: Runtime | None = getattr(memo, "runtime", None)
+    if runtime is not None:
+        await runtime.client.__aexit__(None, None, None)
+        if runtime.http is not None:
+            await runtime.http.cleanup()
+
+
+@kopf.index(*RAYJOBS, labels=OURS)
+def rayjobs_by_owner(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Any, Any]:
+    """Our RayJobs by (namespace, owner RLJob name)."""
+    return {(namespace, labels.get(names.LABEL_RLJOB)): plain(body)}
+
+
+@kopf.index(*RLJOBS)
+def rljobs_by_name(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, Any]:
+    """RLJobs by (namespace, name)."""
+    return {(namespace, name): plain(body)}
+
+
+@kopf.on.resume(*RLJOBS, backoff=5)
+@kopf.on.create(*RLJOBS, backoff=5)
+@kopf.on.update(*RLJOBS, backoff=5)
+async def rljob_changed(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
+                        rayjobs_by_owner: kopf.Index, **_: Any) -> None:
+    """An RLJob appeared or its spec/metadata changed: reconcile it."""
+    await memo.runtime.reconcile(plain(body), rayjobs_by_owner.get((namespace, name), []), "rljob")
+
+
+@kopf.on.event(*RAYJOBS, labels=OURS)
+async def rayjob_event(namespace: str, labels: Mapping[str, str], memo: kopf.Memo, rljobs_by_name: kopf.Index,
+                       rayjobs_by_owner: kopf.Index, **_: Any) -> None:
+    """One of our RayJobs changed (KubeRay status, deletion): reconcile its owner."""
+    key = (namespace, labels.get(names.LABEL_RLJOB))
+    for rljob in list(rljobs_by_name.get(key, [])):
+        await memo.runtime.reconcile(rljob, rayjobs_by_owner.get(key, []), "rayjob")
+
+
+@kopf.timer(*RLJOBS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
+async def resync(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
+                 rayjobs_by_owner: kopf.Index, **_: Any) -> None:
+    """Periodic level-based resync; also where progress reading (read_progress) plugs in."""
+    rayjobs = list(rayjobs_by_owner.get((namespace, name), []))
+    read_progress(plain(body), max(rayjobs, key=lambda r: r["metadata"]["name"], default=None))
+    await memo.runtime.reconcile(plain(body), rayjobs, "timer")
+
+
+@kopf.on.delete(*RLJOBS, optional=True)
+async def rljob_deleted(uid: str, memo: kopf.Memo, **_: Any) -> None:
+    """An RLJob is gone: forget it (its children are garbage-collected through ownerReferences)."""
+    memo.runtime.forget(uid)

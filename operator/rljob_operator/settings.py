@@ -1,0 +1,74 @@
+"""Operator settings from command-line flags and environment variables (flags win)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+DEFAULT_PEERING = "rljob-operator"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the operator runs; built once at start-up by `parse_settings`."""
+
+    namespaces: tuple[str, ...] = ()  # empty: every namespace (cluster-wide)
+    peering: str | None = DEFAULT_PEERING  # None: standalone (no peering, for one replica)
+    metrics_port: int = 8080  # 0: no /metrics and /healthz endpoint
+    resync_seconds: float = 60.0  # timer interval: level-based resync and progress reading
+    verbose: bool = False
+
+    @property
+    def clusterwide(self) -> bool:
+        """True when no namespace list was given."""
+        return not self.namespaces
+
+
+def _env_namespaces(value: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    return () if names in ((), ("*",)) else names
+
+
+def parser() -> argparse.ArgumentParser:
+    """The `rljob operator` argument parser."""
+    p = argparse.ArgumentParser(prog="rljob operator", description="Run the RLJob operator (kopf).")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NS",
+                       help="watch this namespace (repeat for several; env RLJOB_NAMESPACES=a,b)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch every namespace (the default when no namespace is given)")
+    peer = p.add_mutually_exclusive_group()
+    peer.add_argument("--peering", metavar="NAME",
+                      help=f"kopf peering object name for running two replicas (default {DEFAULT_PEERING}; "
+                           f"env RLJOB_PEERING). Needs kopf's KopfPeering/ClusterKopfPeering CRD installed")
+    peer.add_argument("--standalone", action="store_true",
+                      help="no peering: for a single replica or a cluster without kopf's peering CRD "
+                           "(env RLJOB_STANDALONE=1)")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="port of /metrics and /healthz (default 8080, 0 disables; env RLJOB_METRICS_PORT)")
+    p.add_argument("--resync-seconds", type=float, metavar="S",
+                   help="interval of the periodic resync/progress timer (default 60; env RLJOB_RESYNC_SECONDS)")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from argv, falling back to RLJOB_* environment variables, then to defaults."""
+    env = os.environ if env is None else env
+    args = parser().parse_args(argv)
+    if args.namespaces:
+        namespaces = tuple(args.namespaces)
+    elif args.all_namespaces:
+        namespaces = ()
+    else:
+        namespaces = _env_namespaces(env.get("RLJOB_NAMESPACES", ""))
+    standalone = args.standalone or (not args.peering and env.get("RLJOB_STANDALONE", "") in ("1", "true", "yes"))
+    peering = None if standalone else (args.peering or env.get("RLJOB_PEERING") or DEFAULT_PEERING)
+    port = args.metrics_port if args.metrics_port is not None else int(env.get("RLJOB_METRICS_PORT", "8080"))
+    resync = args.resync_seconds if args.resync_seconds is not None else float(env.get("RLJOB_RESYNC_SECONDS", "60"))
+    if resync <= 0:
+        raise SystemExit("rljob operator: --resync-seconds must be > 0 (e.g. 60)")
+    return Settings(namespaces=namespaces, peering=peering, metrics_port=port, resync_seconds=resync,
+                    verbose=args.verbose)
