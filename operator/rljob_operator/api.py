@@ -212,12 +212,19 @@ class RunPolicy(_Model):
 
 
 class RLJobSpec(_Model):
-    """Desired state of an RLJob: the trainer config plus how to run it on the cluster."""
+    """Desired state of an RLJob: the trainer config plus how to run it on the cluster.
+
+    `config` stays a plain mapping here and in the CRD: it is validated with
+    `hybridflow.config.parse_config` (see validation.py), which resolves `${...}` references and accepts
+    verl's shorthands that a typed schema would reject; a typed CRD would also silently prune typos.
+    """
 
     config: dict[str, Any] = Field(
         description="The HybridFlow trainer config in verl's nested shape (algorithm, data, actor_rollout_ref, "
         "critic, reward_model, custom_reward_function, trainer). The cluster is sized from trainer.nnodes "
-        "and trainer.n_gpus_per_node.",
+        "and trainer.n_gpus_per_node. Checked by the operator (condition Validated) and `rljob validate` "
+        "with the trainer's own models; the schema leaves it open because verl's ${...} references and "
+        "single-string lists are valid here and typos should be reported, not pruned.",
     )
     image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Trainer container image.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(

@@ -11,6 +11,7 @@ import shlex
 from typing import Any
 
 import yaml
+from hybridflow.config import HybridFlowConfig, parse_config
 
 from rljob_operator import api, names
 
@@ -23,30 +24,33 @@ _SHM_VOLUME = "dshm"
 _CONFIG_VOLUME = "hybridflow-config"
 
 
-def trainer_config(rljob: api.RLJob) -> dict[str, Any]:
-    """The full resolved trainer config of an RLJob, with the operator's overrides applied.
+def merged_config(rljob: api.RLJob) -> dict[str, Any]:
+    """spec.config with the operator's overrides applied, not yet validated (verl's nested shape).
 
-    `spec.checkpoint` wins over `trainer.default_local_dir` / `trainer.max_actor_ckpt_to_keep`, and
+    `spec.checkpoint` wins over `trainer.default_local_dir` / `trainer.max_*_ckpt_to_keep`, and
     `trainer.resume_mode` is `auto` so that every attempt resumes from the latest committed checkpoint.
     """
-    config = rljob.spec.config
-    resolved: dict[str, Any] = copy.deepcopy(config.to_dict() if hasattr(config, "to_dict") else dict(config))
-    trainer = resolved.setdefault("trainer", {})
+    merged: dict[str, Any] = copy.deepcopy(dict(rljob.spec.config))
+    trainer = merged.get("trainer")
+    trainer = merged["trainer"] = dict(trainer) if isinstance(trainer, dict) else {}
     if rljob.spec.checkpoint.uri:
         trainer["default_local_dir"] = rljob.spec.checkpoint.uri
     if rljob.spec.checkpoint.keep is not None:
         trainer["max_actor_ckpt_to_keep"] = rljob.spec.checkpoint.keep
         trainer["max_critic_ckpt_to_keep"] = rljob.spec.checkpoint.keep
     trainer["resume_mode"] = "auto"
-    return resolved
+    return merged
 
 
-def cluster_shape(rljob: api.RLJob) -> tuple[int, int]:
-    """(worker nodes, GPUs per worker node) from spec.config.trainer; GPUs are 0 when device is cpu."""
-    trainer = trainer_config(rljob)["trainer"]
-    nnodes = int(trainer.get("nnodes", 1))
-    gpus = 0 if trainer.get("device", "cuda") == "cpu" else int(trainer.get("n_gpus_per_node", 8))
-    return nnodes, gpus
+def trainer_config(rljob: api.RLJob) -> HybridFlowConfig:
+    """The validated trainer config of an RLJob (operator overrides applied); raises ConfigError."""
+    return parse_config(merged_config(rljob))
+
+
+def cluster_shape(config: HybridFlowConfig) -> tuple[int, int]:
+    """(worker nodes, GPUs per worker node) of a trainer config; GPUs are 0 when trainer.device is cpu."""
+    trainer = config.trainer
+    return trainer.nnodes, (0 if trainer.device == "cpu" else trainer.n_gpus_per_node)
 
 
 def entrypoint(rljob: api.RLJob) -> str:
@@ -85,8 +89,11 @@ def _metadata(rljob: api.RLJob, name: str, labels: dict[str, str]) -> dict[str, 
 
 
 def build_configmap(rljob: api.RLJob) -> dict[str, Any]:
-    """The ConfigMap `<rljob>-config` with the resolved trainer config under `config.yaml`."""
-    text = yaml.safe_dump(trainer_config(rljob), sort_keys=True, default_flow_style=False)
+    """The ConfigMap `<rljob>-config` with the full resolved trainer config under `config.yaml`.
+
+    Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
+    """
+    text = yaml.safe_dump(trainer_config(rljob).to_dict(), sort_keys=False, default_flow_style=False)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -167,9 +174,12 @@ def _pod_template(
 
 
 def build_rayjob(rljob: api.RLJob, attempt: int) -> dict[str, Any]:
-    """The KubeRay v1 RayJob of one attempt: a fresh RayCluster running the trainer, torn down after."""
+    """The KubeRay v1 RayJob of one attempt: a fresh RayCluster running the trainer, torn down after.
+
+    Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
+    """
     name = rljob.metadata.name
-    nnodes, gpus = cluster_shape(rljob)
+    nnodes, gpus = cluster_shape(trainer_config(rljob))
     res = rljob.spec.resources
     head = _pod_template(
         rljob,

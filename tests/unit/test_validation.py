@@ -1,0 +1,190 @@
+"""Tests for RLJob semantic validation (operator/rljob_operator/validation.py)."""
+
+from __future__ import annotations
+
+import copy
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from rljob_operator import validation
+from rljob_operator.validation import check_rljob, parse_quantity, validate_rljob
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _base() -> dict[str, Any]:
+    return {
+        "apiVersion": "rl.hybridflow.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "demo"},
+        "spec": {
+            "config": {
+                "algorithm": {"adv_estimator": "grpo"},
+                "data": {"train_files": "s3://b/train.parquet", "train_batch_size": 64},
+                "actor_rollout_ref": {
+                    "model": {"path": "Qwen/Qwen2.5-0.5B-Instruct"},
+                    "actor": {"ppo_mini_batch_size": 16, "ppo_micro_batch_size_per_gpu": 2},
+                    "rollout": {"n": 4},
+                },
+                "trainer": {"nnodes": 1, "n_gpus_per_node": 8},
+            },
+            "checkpoint": {"uri": "s3://b/ckpt", "secretRef": {"name": "s3"}},
+        },
+    }
+
+
+def _with(changes: dict[str, Any]) -> dict[str, Any]:
+    """The base manifest with dotted-path changes applied (value None deletes the key)."""
+    obj = _base()
+    for dotted, value in changes.items():
+        *parents, last = dotted.split(".")
+        node = obj
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = copy.deepcopy(value)
+    return obj
+
+
+def test_base_manifest_is_valid_without_warnings() -> None:
+    report = check_rljob(_base())
+    assert report.errors == [] and report.warnings == []
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"kind": "Job"}, "kind: 'Job' is not allowed; use 'RLJob'"),
+        ({"apiVersion": "v1"}, "apiVersion: 'v1' is not allowed"),
+        ({"metadata.name": None}, "metadata.name: required"),
+        ({"metadata.name": "Demo_1"}, "metadata.name: 'Demo_1' must be a DNS-1035 label"),
+        ({"metadata.name": "a" * 45}, "use a name of at most 44 characters"),
+        ({"spec.resoures": {}}, "spec.resoures: unknown field"),
+        ({"spec.config": None}, "spec.config: required"),
+        ({"spec.config.trainer.nnode": 2}, "spec.config.trainer.nnode: unknown key; did you mean nnodes?"),
+        ({"spec.config.actor_rollout_ref.model.path": None}, "spec.config.actor_rollout_ref.model.path: required"),
+        ({"spec.config.algorithm.adv_estimator": "grpoo"}, "spec.config.algorithm.adv_estimator"),
+        ({"spec.config.actor_rollout_ref.rollout.n": 1}, "spec.config."),
+        ({"spec.resources.gpuResourceName": "gpu"}, "spec.resources.gpuResourceName: 'gpu' is not an extended"),
+        ({"spec.config.trainer.n_gpus_per_node": 32}, "32 GPUs do not fit on one node"),
+        ({"spec.resources.memory": "64GB"}, "spec.resources.memory: '64GB' is not a Kubernetes quantity"),
+        ({"spec.resources.cpu": 1.5}, "quote fractions"),
+        ({"spec.resources.cpu": "0"}, "spec.resources.cpu: must be positive"),
+        ({"spec.resources.sharedMemory": "64Gi"}, "/dev/shm is memory-backed"),
+        ({"spec.checkpoint.uri": "ftp://host/x"}, "uses an unsupported scheme"),
+        ({"spec.checkpoint.uri": "s3:///prefix"}, "names no bucket; use s3://bucket/prefix"),
+        (
+            {"spec.checkpoint.uri": "file:///ckpt", "spec.config.trainer.nnodes": 2},
+            "spec.checkpoint.uri: 'file:///ckpt' is a local path but the job spans 2 nodes",
+        ),
+        (
+            {"spec.checkpoint.uri": None, "spec.config.trainer.nnodes": 2},
+            "spec.config.trainer.default_local_dir: 'checkpoints/hybridflow/default' is a local path",
+        ),
+        ({"spec.pod.env": [{"name": "RLJOB_NAME", "value": "x"}]}, "RLJOB_NAME is set by the operator"),
+        ({"spec.pod.env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "A is defined twice"),
+        (
+            {"spec.pod.env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]},
+            "set value or valueFrom, not both",
+        ),
+        ({"spec.pod.envFrom": [{"prefix": "X_"}]}, "set exactly one of secretRef or configMapRef"),
+        (
+            {"spec.pod.tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]},
+            "must be empty with operator Exists",
+        ),
+        ({"spec.pod.labels": {"rl.hybridflow.dev/rljob": "other"}}, "set by the operator"),
+        ({"spec.queueName": "bad queue"}, "spec.queueName: 'bad queue' must be a LocalQueue name"),
+        ({"spec.imagePullPolicy": "Sometimes"}, "use 'Always', 'IfNotPresent' or 'Never'"),
+    ],
+)
+def test_each_problem_is_reported_with_its_path(changes: dict[str, Any], expected: str) -> None:
+    errors = validate_rljob(_with(changes))
+    assert any(expected in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"spec.checkpoint.secretRef": None}, "spec.checkpoint.secretRef: unset with 's3://b/ckpt'"),
+        ({"spec.checkpoint.uri": "/data/ckpt"}, "is local to the pod"),
+        (
+            {"spec.config.trainer.device": "cpu", "spec.config.trainer.n_gpus_per_node": 4, "spec.resources.cpu": 2},
+            "2 CPUs per worker for 4 trainer processes",
+        ),
+        ({"spec.config.trainer.device": "npu"}, "trainer.device is npu but pods request nvidia.com/gpu"),
+    ],
+)
+def test_warnings_do_not_make_a_job_invalid(changes: dict[str, Any], expected: str) -> None:
+    report = check_rljob(_with(changes))
+    assert report.errors == []
+    assert any(expected in w for w in report.warnings), report.warnings
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    errors = validate_rljob(
+        _with(
+            {
+                "spec.resources.memory": "lots",
+                "spec.imagePullPolicy": "Sometimes",
+                "spec.config.trainer.nnode": 2,
+                "spec.config.algorithm.adv_estimator": "nope",
+            }
+        )
+    )
+    assert len(errors) == 4, errors
+    # Schema errors elsewhere in the spec do not hide the trainer-config problems.
+    assert any(e.startswith("spec.config.trainer.nnode") for e in errors)
+    assert any(e.startswith("spec.config.algorithm.adv_estimator") for e in errors)
+
+
+def test_semantic_problems_are_collected_together() -> None:
+    errors = validate_rljob(
+        _with(
+            {
+                "spec.resources.sharedMemory": "1Ti",
+                "spec.pod.envFrom": [{}],
+                "spec.checkpoint.uri": "ftp://x",
+                "spec.config.data.train_files": None,
+            }
+        )
+    )
+    assert len(errors) == 4, errors
+
+
+def test_non_mapping_documents_are_rejected() -> None:
+    assert validate_rljob(["not", "a", "job"]) == ["<document>: expected a mapping (an RLJob object), got list"]
+
+
+def test_config_accepts_verl_shorthands() -> None:
+    """Interpolations and a single string for list fields are verl idioms the CRD must let through."""
+    errors = validate_rljob(
+        _with({"spec.config.actor_rollout_ref.rollout.prompt_length": "${data.max_prompt_length}",
+               "spec.config.trainer.logger": "console"})  # fmt: skip
+    )
+    assert errors == []
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("4", 4), (4, 4), ("500m", Decimal("0.5")), ("16Gi", 16 * 2**30), ("1e3", 1000), ("1.5", Decimal("1.5")),
+     ("2k", 2000), ("64M", 64 * 10**6)],
+)  # fmt: skip
+def test_parse_quantity(text: Any, expected: Any) -> None:
+    assert parse_quantity(text) == expected
+
+
+@pytest.mark.parametrize("text", ["64GB", "", "Gi", "1.2.3", "-"])
+def test_parse_quantity_rejects_garbage(text: str) -> None:
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "examples").glob("rljob_*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(example: Path) -> None:
+    for doc in yaml.safe_load_all(example.read_text()):
+        assert validation.validate_rljob(doc) == []
