@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
         ("a.b=[console, wandb]", ("a", "b"), ["console", "wandb"]),
         ("a.b={x: 1, y: [2]}", ("a", "b"), {"x": 1, "y": [2]}),
         ("a.b=s3://bucket/x.parquet", ("a", "b"), "s3://bucket/x.parquet"),
+        ("a.b=2025-01-31", ("a", "b"), "2025-01-31"),
         ("a.b=[unclosed", ("a", "b"), "[unclosed"),
         ("+a.new.deep=1", ("a", "new", "deep"), 1),
         ("++a.c=4", ("a", "c"), 4),
@@ -74,6 +75,16 @@ def test_bad_overrides_are_all_reported() -> None:
     assert problems[1].startswith("'+a.b=2': a.b already exists")
     assert problems[2].startswith("'s.x=1': s holds 'text', not a group")
     assert problems[3].startswith("'a..b=1': 'a..b' is not a dotted key")
+
+
+def test_numbers_and_dates_are_accepted_as_names(tmp_path: Path) -> None:
+    """String keys take numbers and dates as text (OmegaConf behaviour), from files and overrides."""
+    job = tmp_path / "job.yaml"
+    job.write_text("trainer:\n  project_name: 2025\n  experiment_name: 2025-01-31\n")
+    cfg = load_config(job, ["data.prompt_key=7"])
+    assert (cfg.trainer.project_name, cfg.trainer.experiment_name) == ("2025", "2025-01-31")
+    assert cfg.data.prompt_key == "7"
+    assert cfg.trainer.default_local_dir == "checkpoints/2025/2025-01-31"
 
 
 def test_load_yaml_file_with_overrides(tmp_path: Path) -> None:

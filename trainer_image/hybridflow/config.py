@@ -8,6 +8,17 @@ trainer runs with. Typical use::
 
 `python -m hybridflow.config [FILE] [OVERRIDES...] [--for-run]` prints the resolved config as YAML
 (like verl's `--cfg job`) and exits with status 2, listing every problem, when it is invalid.
+
+Where this differs from verl's `ppo_trainer.yaml`, on purpose:
+
+- defaults: `actor.strategy=fsdp2`, `rollout.tensor_model_parallel_size=1`, `trainer.logger=[console]`
+  (no wandb account needed), `model.path` and `data.train_files` empty (required by `validate_for_run`);
+- verl's `${...}` defaults are nulls here, filled in after validation (e.g. `critic.ppo_mini_batch_size`
+  is the actor's, `rollout.prompt_length` is `data.max_prompt_length`); `critic.enable=null` means
+  "when the estimator is gae" (see `critic_enabled`);
+- `ray_init` lives in `trainer.ray_init`; verl's top-level `ray_init.*` is accepted and moved there;
+- `trainer.placement` (colocate | split) is a HybridFlow addition;
+- `${...}` references are resolved without OmegaConf (absolute, relative and `oc.select` forms).
 """
 
 from __future__ import annotations
@@ -44,7 +55,7 @@ from ._config.names import (
     REWARD_MANAGERS,
     ROLLOUT_NAMES,
 )
-from ._config.overrides import apply_overrides
+from ._config.overrides import apply_overrides, load_yaml
 from ._config.root import HybridFlowConfig
 from ._config.rules import check_runnable as _runnable_problems
 from ._config.workers import (
@@ -154,7 +165,7 @@ def _read_yaml(path: FsPath) -> dict[str, Any]:
             [f"{path}: cannot read the config file ({exc.strerror or exc}); check the path"]
         ) from exc
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML ({exc}); fix the syntax"]) from exc
     if data is None:

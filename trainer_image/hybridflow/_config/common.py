@@ -13,7 +13,8 @@ CheckpointContent = Literal["model", "optimizer", "extra", "hf_model"]
 class Section(BaseModel):
     """Base of every config model: unknown keys are errors, values are checked on assignment."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Numbers become strings where a string is expected (`experiment_name=2025`), as OmegaConf does.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
 
 
 class OptimConfig(Section):

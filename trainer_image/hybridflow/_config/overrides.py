@@ -15,6 +15,22 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # PyYAML follows YAML 1.1, where "1e-6" (no dot) is a string; Hydra and verl users mean a float.
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 safe loader without timestamps: `2024-01-01` stays a string, as in OmegaConf."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text the way config files and override values are read (no timestamps)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 HOW_TO = "write key=value, +key=value (add), ++key=value (add or replace) or ~key (remove)"
 
 
@@ -23,7 +39,7 @@ def parse_value(text: str) -> Any:
     if text == "":
         return ""
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError:
         return text
     if isinstance(value, str) and _FLOAT.match(value.strip()):

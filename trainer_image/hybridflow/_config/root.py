@@ -19,7 +19,7 @@ class HybridFlowConfig(Section):
     """The HybridFlow trainer config, in verl's nested shape and key names."""
 
     # Whole-config rules run once at construction; assigning to a group must not re-run them all.
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, coerce_numbers_to_str=True)
 
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="RL algorithm.")
     data: DataConfig = Field(default_factory=DataConfig, description="Data and batch sizes.")
