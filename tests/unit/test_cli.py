@@ -1,0 +1,162 @@
+"""Tests for the `rljob` CLI (operator/rljob_operator/cli.py): validate, render, dispatch."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from rljob_operator import cli
+
+REPO = Path(__file__).resolve().parents[2]
+GPU_EXAMPLE = REPO / "examples" / "rljob_gsm8k_qwen.yaml"
+CPU_EXAMPLE = REPO / "examples" / "rljob_cpu_tiny.yaml"
+
+
+def _invalid_job() -> dict:
+    job = yaml.safe_load(CPU_EXAMPLE.read_text())
+    job["metadata"]["name"] = "broken"
+    job["spec"]["resources"]["memory"] = "8GB"
+    job["spec"]["config"]["trainer"]["nnode"] = 2
+    return job
+
+
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("validate", "render", "operator"):
+        assert f"  {name}" in out
+
+
+def test_no_command_prints_usage_and_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert "usage: rljob COMMAND" in capsys.readouterr().out
+
+
+def test_unknown_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["valdate"]) == 2
+    assert "unknown command 'valdate'; choose one of validate, render, operator" in capsys.readouterr().err
+
+
+def _fake_command(argv: list[str]) -> int:
+    print(f"fake got {argv}")
+    return 7
+
+
+def test_dispatch_table_passes_the_remaining_argv(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setitem(cli.COMMANDS, "fake", cli.Command("a test command", f"{__name__}:_fake_command"))
+    assert cli.main(["fake", "--flag", "x"]) == 7
+    assert "fake got ['--flag', 'x']" in capsys.readouterr().out
+
+
+def test_unavailable_command_says_so(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setitem(cli.COMMANDS, "gone", cli.Command("missing", "rljob_operator.no_such_module:run"))
+    assert cli.main(["gone"]) == 2
+    assert "rljob gone: not available in this installation" in capsys.readouterr().err
+
+
+def test_validate_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", "-f", str(GPU_EXAMPLE), "-f", str(CPU_EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "(RLJob/gsm8k-qwen-grpo): valid" in out
+    assert "(RLJob/tiny-cpu-grpo): valid" in out
+
+
+def test_validate_lists_every_problem_per_document(tmp_path: Path, capsys) -> None:
+    good = yaml.safe_load(CPU_EXAMPLE.read_text())
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}}
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump_all([good, secret, _invalid_job()]))
+    assert cli.main(["validate", "-f", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "document 1 (RLJob/tiny-cpu-grpo): valid" in out
+    assert "document 2 (Secret/s): skipped (not an RLJob)" in out
+    assert "document 3 (RLJob/broken): invalid (2 problems):" in out
+    assert "  - spec.resources.memory: '8GB' is not a Kubernetes quantity" in out
+    assert "  - spec.config.trainer.nnode: unknown key; did you mean nnodes?" in out
+
+
+def test_validate_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO(GPU_EXAMPLE.read_text()))
+    assert cli.main(["validate", "-f", "-"]) == 0
+    assert "-: document 1 (RLJob/gsm8k-qwen-grpo): valid" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot read"),
+        ("a: [unclosed", "not valid YAML"),
+        ("apiVersion: v1\nkind: ConfigMap\n", "no RLJob found"),
+    ],
+)
+def test_validate_file_problems(tmp_path: Path, capsys, content: str | None, message: str) -> None:
+    path = tmp_path / "job.yaml"
+    if content is not None:
+        path.write_text(content)
+    assert cli.main(["validate", "-f", str(path)]) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_validate_requires_a_file(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["validate"])
+    assert exit_.value.code == 2
+    assert "-f/--filename" in capsys.readouterr().err
+
+
+def test_render_prints_children_deterministically(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["render", "-f", str(GPU_EXAMPLE), "--attempt", "3"]) == 0
+    first = capsys.readouterr().out
+    assert cli.main(["render", "-f", str(GPU_EXAMPLE), "--attempt", "3"]) == 0
+    assert capsys.readouterr().out == first
+    assert first.startswith("# Rendered offline by `rljob render` (attempt 3); nothing was applied.")
+    assert cli.PLACEHOLDER_UID in first.splitlines()[1]
+    docs = list(yaml.safe_load_all(first))
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("ConfigMap", "gsm8k-qwen-grpo-config"),
+        ("RayJob", "gsm8k-qwen-grpo-a3"),
+    ]
+    assert docs[1]["metadata"]["ownerReferences"][0]["uid"] == cli.PLACEHOLDER_UID
+    config = yaml.safe_load(docs[0]["data"]["config.yaml"])
+    assert config["trainer"]["default_local_dir"] == "s3://my-rl-bucket/checkpoints/gsm8k-qwen-grpo"
+    limits = docs[1]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert limits["resources"]["limits"]["nvidia.com/gpu"] == "8"
+
+
+def test_render_keeps_a_real_uid(tmp_path: Path, capsys) -> None:
+    job = yaml.safe_load(CPU_EXAMPLE.read_text())
+    job["metadata"]["uid"] = "1234-real"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert cli.main(["render", "-f", str(path)]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert {d["metadata"]["ownerReferences"][0]["uid"] for d in docs} == {"1234-real"}
+
+
+def test_render_refuses_invalid_jobs(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(_invalid_job()))
+    assert cli.main(["render", "-f", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "invalid, not rendered" in captured.err and "spec.resources.memory" in captured.err
+
+
+def test_render_rejects_attempt_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["render", "-f", str(CPU_EXAMPLE), "--attempt", "0"])
+    assert "attempts start at 1" in capsys.readouterr().err
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "rljob"
+    if not script.exists():
+        pytest.skip(f"{script} is not installed (pip install -e . creates it)")
+    result = subprocess.run([str(script), "validate", "-f", str(CPU_EXAMPLE)], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "valid" in result.stdout
