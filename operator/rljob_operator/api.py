@@ -362,9 +362,9 @@ class RLJob(_Model):
     """A whole RLJob object as read from the API or a manifest file."""
 
     api_version: Literal["rl.hybridflow.dev/v1alpha1"] = Field(
-        default=API_VERSION, description="Must be rl.hybridflow.dev/v1alpha1."
+        default="rl.hybridflow.dev/v1alpha1", description="Must be rl.hybridflow.dev/v1alpha1."
     )
-    kind: Literal["RLJob"] = Field(default=KIND, description="Must be RLJob.")
+    kind: Literal["RLJob"] = Field(default="RLJob", description="Must be RLJob.")
     metadata: ObjectMeta = Field(description="Object metadata.")
     spec: RLJobSpec = Field(description="Desired state.")
     status: RLJobStatus | None = Field(default=None, description="Observed state (written by the operator).")

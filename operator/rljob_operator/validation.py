@@ -23,7 +23,7 @@ _RESOURCE_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_SUFFIXES = {
+_SUFFIXES: dict[str, Decimal | int] = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
@@ -68,6 +68,8 @@ def check_rljob(obj: Any) -> ValidationReport:
     if not isinstance(obj, dict):
         report.errors.append(f"<document>: expected a mapping (an RLJob object), got {type(obj).__name__}")
         return report
+    # Status is observation written by controllers (kopf may keep its own keys there): not user input.
+    obj = {k: v for k, v in obj.items() if k != "status"}
     try:
         rljob = api.RLJob.model_validate(obj)
     except ValidationError as err:

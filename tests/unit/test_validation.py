@@ -188,3 +188,12 @@ def test_parse_quantity_rejects_garbage(text: str) -> None:
 def test_examples_are_valid(example: Path) -> None:
     for doc in yaml.safe_load_all(example.read_text()):
         assert validation.validate_rljob(doc) == []
+
+
+def test_objects_from_the_api_server_validate() -> None:
+    """Server-set metadata and a status with controller-private keys do not make a job invalid."""
+    obj = _base()
+    obj["metadata"].update({"uid": "u", "generation": 3, "resourceVersion": "42", "managedFields": [{}],
+                            "creationTimestamp": "2026-01-01T00:00:00Z"})  # fmt: skip
+    obj["status"] = {"phase": "Running", "kopf": {"progress": {}}}
+    assert validate_rljob(obj) == []
