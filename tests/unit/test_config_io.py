@@ -132,6 +132,7 @@ def test_load_yaml_file_with_overrides(tmp_path: Path) -> None:
     [
         ("data: [1, 2", "not valid YAML"),
         ("- a\n- b\n", "the top level must be a mapping of groups, not a list"),
+        ("apiVersion: rl.hybridflow.dev/v1alpha1\nkind: RLJob\nspec: {config: {}}\n", "Kubernetes manifest"),
     ],
 )
 def test_bad_files_are_config_errors(tmp_path: Path, content: str, expected: str) -> None:

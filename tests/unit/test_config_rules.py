@@ -125,10 +125,6 @@ def test_base_is_valid() -> None:
         ),
         # trainer
         (["trainer.resume_mode=resume_path"], "trainer.resume_from_path: required when trainer.resume_mode"),
-        (
-            ["trainer.n_gpus_per_node=1", "trainer.placement=split"],
-            "trainer.placement: split needs at least 2",
-        ),
     ],
 )
 def test_rule_reports_actionable_message(overrides: list[str], expected: str) -> None:

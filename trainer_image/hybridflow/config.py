@@ -170,6 +170,13 @@ def _read_yaml(path: FsPath) -> dict[str, Any]:
         raise ConfigError([f"{path}: not valid YAML ({exc}); fix the syntax"]) from exc
     if data is None:
         return {}
+    if isinstance(data, dict) and "apiVersion" in data and "kind" in data:
+        raise ConfigError(
+            [
+                f"{path}: this is a Kubernetes manifest (kind {data['kind']}), not a trainer config; check it "
+                "with `rljob validate`, or pass the mapping under its spec.config"
+            ]
+        )
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of groups, not a {type(data).__name__}"])
     return data

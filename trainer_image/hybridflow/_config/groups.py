@@ -180,7 +180,8 @@ class TrainerConfig(Section):
     placement: Literal["colocate", "split"] = Field(
         default="colocate",
         description="HybridFlow addition (not in verl): colocate puts actor, ref and rollout on the same devices "
-        "(weights pushed to the engine each step); split gives the rollout its own devices.",
+        "(weights pushed to the engine each step); split gives the rollout its own pool of devices, of the same "
+        "shape (nnodes x n_gpus_per_node), so a split job uses twice as many.",
     )
 
     ray_init: RayInitConfig = Field(

@@ -45,7 +45,7 @@ def _divisors(n: int) -> str:
 
 
 def _cluster(cfg: HybridFlowConfig) -> list[str]:
-    """Tensor parallelism fits the nodes; split placement has devices to split."""
+    """Tensor parallelism fits the nodes and the engine."""
     out = []
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     per_node = cfg.trainer.n_gpus_per_node
@@ -56,11 +56,6 @@ def _cluster(cfg: HybridFlowConfig) -> list[str]:
         )
     if cfg.actor_rollout_ref.rollout.name == "hf" and tp != 1:
         out.append(f"{ROLLOUT}.tensor_model_parallel_size: the hf rollout does not shard; set it to 1")
-    if cfg.trainer.placement == "split" and cfg.world_size < 2:
-        out.append(
-            "trainer.placement: split needs at least 2 devices (nnodes x n_gpus_per_node is "
-            f"{cfg.world_size}); use colocate or add devices"
-        )
     return out
 
 
