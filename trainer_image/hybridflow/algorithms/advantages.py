@@ -83,9 +83,8 @@ def _group_ids(name: str, index: Any, bsz: int, device: torch.device) -> tuple[t
     ids = np.asarray(index)
     if ids.shape[0] != bsz:
         raise ValueError(f"{name}: index has {ids.shape[0]} entries but the batch has {bsz} samples.")
-    _, inverse = np.unique(ids, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    return torch.as_tensor(inverse, dtype=torch.long, device=device), int(inverse.max()) + 1 if bsz else 0
+    uniques, inverse = np.unique(ids, return_inverse=True)
+    return torch.as_tensor(inverse.reshape(-1), dtype=torch.long, device=device), len(uniques)
 
 
 def _group_sum(x: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:

@@ -68,12 +68,14 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows:
         return picked - torch.logsumexp(logits, dim=-1)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
-    out = torch.empty(flat_labels.shape, dtype=logits.dtype, device=logits.device)
-    chunks = []
-    for start in range(0, flat_labels.numel(), chunk_rows):
-        rows = flat_logits[start : start + chunk_rows].float()
-        logp = torch.log_softmax(rows, dim=-1)
-        chunks.append(torch.gather(logp, -1, flat_labels[start : start + chunk_rows].unsqueeze(-1)).squeeze(-1))
-    if chunks:
-        out = torch.cat(chunks).to(logits.dtype)
-    return out.reshape(labels.shape)
+    chunks = [
+        torch.gather(
+            torch.log_softmax(flat_logits[start : start + chunk_rows].float(), dim=-1),
+            -1,
+            flat_labels[start : start + chunk_rows].unsqueeze(-1),
+        ).squeeze(-1)
+        for start in range(0, flat_labels.numel(), chunk_rows)
+    ]
+    if not chunks:
+        return torch.zeros(labels.shape, dtype=logits.dtype, device=logits.device)
+    return torch.cat(chunks).to(logits.dtype).reshape(labels.shape)
