@@ -1,7 +1,9 @@
 """kopf handlers: the only module with @kopf decorators; each hands off to `Runtime.reconcile`.
 
 Triggers: an RLJob resumed/created/updated; an event on one of our RayJobs (routed to its owner by
-the `rl.hybridflow.dev/rljob` label); a timer (level-based resync and the progress hook). Two kopf
+the `rl.hybridflow.dev/rljob` label); a periodic resync (level-based, and the progress hook). The
+resync is our own task rather than `@kopf.timer`, because kopf 1.45 puts a finalizer on every object
+with a timer, and deletion should need no running operator. Two kopf
 indexes keep the RLJobs and our RayJobs in memory, so a reconcile needs no extra reads. kopf fills
 every index before the first handler runs, so a restarted operator sees existing RayJobs and creates
 no duplicates. Deletion adds no finalizer: children carry ownerReferences and the garbage collector
@@ -14,7 +16,6 @@ import asyncio
 import copy
 import datetime
 import logging
-import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,14 +25,12 @@ import kopf
 
 from rljob_operator import api, metrics, names, reconcile
 from rljob_operator.builders import RAY_API_VERSION
-from rljob_operator.kube import KubeClient, load_credentials
+from rljob_operator.kube import KubeApiError, KubeClient, load_credentials
 from rljob_operator.settings import Settings
 
 RLJOBS = (api.GROUP, api.VERSION, api.PLURAL)
 RAYJOBS = (*RAY_API_VERSION.split("/"), "rayjobs")
 OURS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
-#: main.run() sets this from --resync-seconds before importing this module (decorators need a constant).
-RESYNC_SECONDS = float(os.environ.get("RLJOB_RESYNC_SECONDS", "60"))
 log = logging.getLogger(__name__)
 
 
@@ -59,6 +58,9 @@ class Runtime:
     tracker: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
     locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: kopf's live indexes, captured from the first handler call (activities do not receive them).
+    indexes: dict[str, Any] = field(default_factory=lambda: {"rljobs": {}, "rayjobs": {}})
+    resync_task: asyncio.Task[None] | None = None
 
     async def reconcile(self, rljob: dict[str, Any], rayjobs: Iterable[dict[str, Any]], trigger: str) -> None:
         """Reconcile one RLJob under its lock, using the newest copy of it we know of."""
@@ -78,6 +80,26 @@ class Runtime:
             self.latest[uid] = written
             self.tracker.set(uid, plan.status.get("phase"))
 
+    async def resync_forever(self) -> None:
+        """Every `resync_seconds`, reconcile every known RLJob again (and read its progress)."""
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            for uid, known in list(self.latest.items()):
+                key = (known["metadata"]["namespace"], known["metadata"]["name"])
+                current = max([known, *self.indexes["rljobs"].get(key, [])],
+                              key=lambda o: int(o["metadata"]["resourceVersion"]))
+                rayjobs = list(self.indexes["rayjobs"].get(key, []))
+                read_progress(current, max(rayjobs, key=lambda r: r["metadata"]["name"], default=None))
+                try:
+                    await self.reconcile(current, rayjobs, "timer")
+                except KubeApiError as err:
+                    if err.code == 404:
+                        self.forget(uid)  # deleted while we were not looking
+                    else:
+                        log.warning("resync of %s/%s failed: %s", *key, err)
+                except Exception:  # keep the loop alive; the error is counted in metrics
+                    log.exception("resync of %s/%s failed", *key)
+
     def forget(self, uid: str) -> None:
         """Drop a deleted RLJob from caches and metrics."""
         self.latest.pop(uid, None)
@@ -95,6 +117,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
     client = KubeClient(load_credentials(), on_error=metrics.record_api_error)
     await client.__aenter__()
     memo.runtime = Runtime(settings=ours, client=client)
+    memo.runtime.resync_task = asyncio.create_task(memo.runtime.resync_forever())
     if ours.metrics_port:
         memo.runtime.http = await metrics.start_http(ours.metrics_port)
     logger.info("rljob operator started: namespaces=%s peering=%s metrics-port=%s",
@@ -106,6 +129,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     """Close the API client and the metrics endpoint."""
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is not None:
+        if runtime.resync_task is not None:
+            runtime.resync_task.cancel()
         await runtime.client.__aexit__(None, None, None)
         if runtime.http is not None:
             await runtime.http.cleanup()
@@ -127,8 +152,9 @@ def rljobs_by_name(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict
 @kopf.on.create(*RLJOBS, backoff=5)
 @kopf.on.update(*RLJOBS, backoff=5)
 async def rljob_changed(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-                        rayjobs_by_owner: kopf.Index, **_: Any) -> None:
+                        rayjobs_by_owner: kopf.Index, rljobs_by_name: kopf.Index, **_: Any) -> None:
     """An RLJob appeared or its spec/metadata changed: reconcile it."""
+    memo.runtime.indexes.update(rljobs=rljobs_by_name, rayjobs=rayjobs_by_owner)
     await memo.runtime.reconcile(plain(body), rayjobs_by_owner.get((namespace, name), []), "rljob")
 
 
@@ -136,18 +162,10 @@ async def rljob_changed(body: kopf.Body, namespace: str, name: str, memo: kopf.M
 async def rayjob_event(namespace: str, labels: Mapping[str, str], memo: kopf.Memo, rljobs_by_name: kopf.Index,
                        rayjobs_by_owner: kopf.Index, **_: Any) -> None:
     """One of our RayJobs changed (KubeRay status, deletion): reconcile its owner."""
+    memo.runtime.indexes.update(rljobs=rljobs_by_name, rayjobs=rayjobs_by_owner)
     key = (namespace, labels.get(names.LABEL_RLJOB))
     for rljob in list(rljobs_by_name.get(key, [])):
         await memo.runtime.reconcile(rljob, rayjobs_by_owner.get(key, []), "rayjob")
-
-
-@kopf.timer(*RLJOBS, interval=RESYNC_SECONDS, initial_delay=RESYNC_SECONDS)
-async def resync(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-                 rayjobs_by_owner: kopf.Index, **_: Any) -> None:
-    """Periodic level-based resync; also where progress reading (read_progress) plugs in."""
-    rayjobs = list(rayjobs_by_owner.get((namespace, name), []))
-    read_progress(plain(body), max(rayjobs, key=lambda r: r["metadata"]["name"], default=None))
-    await memo.runtime.reconcile(plain(body), rayjobs, "timer")
 
 
 @kopf.on.delete(*RLJOBS, optional=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 import kopf
@@ -14,8 +13,6 @@ from rljob_operator.settings import parse_settings
 def run(argv: list[str]) -> int:
     """Parse settings, register the handlers and run kopf until SIGINT/SIGTERM; returns the exit status."""
     settings = parse_settings(argv)
-    # The timer interval is a decorator argument, so it must be known before the handlers are imported.
-    os.environ["RLJOB_RESYNC_SECONDS"] = str(settings.resync_seconds)
     importlib.import_module("rljob_operator.handlers")
     kopf.configure(verbose=settings.verbose)
     kopf.run(

@@ -1,0 +1,228 @@
+"""The real operator (kopf, in a subprocess) against the API emulator over HTTP; the test plays KubeRay."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from tests.support.kube_emulator import KubeEmulator
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RLJ, RAY = "rl.hybridflow.dev/v1alpha1", "ray.io/v1"
+T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], what: str, timeout: float = 20.0) -> T:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Operator:
+    """`python -m rljob_operator.main` pointed at the emulator through a kubeconfig."""
+
+    def __init__(self, kube: KubeEmulator, workdir: pathlib.Path) -> None:
+        self.kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig")
+        self.log = workdir / "operator.log"
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "rljob_operator.main", "--standalone", "-A",
+               "--metrics-port", str(self.metrics_port), "--resync-seconds", "2"]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(15)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[KubeEmulator]:
+    emulator = KubeEmulator(crd_files=sorted((ROOT / "crds").glob("*.yaml"))).start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture(scope="module")
+def operator(kube: KubeEmulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    op = Operator(kube, tmp_path_factory.mktemp("operator"))
+    op.start()
+    yield op
+    op.stop()
+    assert "Traceback" not in op.log.read_text(), op.log.read_text()[-3000:]
+
+
+def manifest(name: str, **spec: Any) -> dict[str, Any]:
+    job = yaml.safe_load((ROOT / "examples" / "rljob_cpu_tiny.yaml").read_text())
+    job["metadata"] = {"name": name}
+    job["spec"].update(copy.deepcopy(spec))
+    return job
+
+
+def status(kube: KubeEmulator, name: str) -> dict[str, Any]:
+    return kube.get(RLJ, "rljobs", name).get("status") or {}
+
+
+def condition(kube: KubeEmulator, name: str, ctype: str) -> dict[str, Any]:
+    return next((c for c in status(kube, name).get("conditions", []) if c["type"] == ctype), {})
+
+
+def kuberay(kube: KubeEmulator, rayjob: str, deployment: str, job: str = "", **extra: Any) -> None:
+    """Set a RayJob's status the way KubeRay does."""
+    kube.patch_status(RAY, "rayjobs", rayjob, {"jobDeploymentStatus": deployment, "jobStatus": job or None, **extra})
+
+
+def phase_is(kube: KubeEmulator, name: str, phase: str) -> Callable[[], bool]:
+    return lambda: status(kube, name).get("phase") == phase
+
+
+def events_for(kube: KubeEmulator, name: str) -> list[dict[str, Any]]:
+    return [e for e in kube.list("v1", "events") if e["involvedObject"]["name"] == name]
+
+
+def test_valid_job_gets_children_and_succeeds(kube: KubeEmulator, operator: Operator) -> None:
+    job = kube.create(RLJ, "rljobs", manifest("ok"), "default")
+    rayjob = wait_for(lambda: kube.find(RAY, "rayjobs", "ok-a1"), "RayJob ok-a1")
+    configmap = kube.get("v1", "configmaps", "ok-config")
+    for child in (rayjob, configmap):
+        refs = child["metadata"]["ownerReferences"]
+        assert refs == [{"apiVersion": RLJ, "kind": "RLJob", "name": "ok", "uid": job["metadata"]["uid"],
+                         "controller": True, "blockOwnerDeletion": True}]
+    assert "config.yaml" in configmap["data"]
+    wait_for(lambda: condition(kube, "ok", "Validated").get("status") == "True", "Validated=True")
+    assert status(kube, "ok")["rayJobName"] == "ok-a1" and status(kube, "ok")["attempt"] == 1
+    kuberay(kube, "ok-a1", "Initializing")
+    wait_for(phase_is(kube, "ok", "Starting"), "phase Starting")
+    kuberay(kube, "ok-a1", "Running", "RUNNING", dashboardURL="ok-head-svc:8265")
+    wait_for(phase_is(kube, "ok", "Running"), "phase Running")
+    assert status(kube, "ok")["dashboardURL"] == "ok-head-svc:8265"
+    kuberay(kube, "ok-a1", "Complete", "SUCCEEDED")
+    wait_for(phase_is(kube, "ok", "Succeeded"), "phase Succeeded")
+    assert condition(kube, "ok", "Succeeded")["status"] == "True"
+    assert [r["metadata"]["name"] for r in kube.list(RAY, "rayjobs", labels="rl.hybridflow.dev/rljob=ok")] == ["ok-a1"]
+
+
+def test_failures_retry_with_resume_then_give_up(kube: KubeEmulator, operator: Operator) -> None:
+    kube.create(RLJ, "rljobs", manifest("flaky", runPolicy={"backoffLimit": 1}), "default")
+    wait_for(lambda: kube.find(RAY, "rayjobs", "flaky-a1"), "RayJob flaky-a1")
+    kuberay(kube, "flaky-a1", "Failed", "FAILED", reason="AppFailed", message="worker OOM-killed")
+    second = wait_for(lambda: kube.find(RAY, "rayjobs", "flaky-a2"), "RayJob flaky-a2 (the retry)")
+    assert "trainer.resume_mode=auto" in second["spec"]["entrypoint"]
+    assert "trainer.default_local_dir=file:///tmp/hybridflow/checkpoints" in second["spec"]["entrypoint"]
+    wait_for(lambda: status(kube, "flaky").get("attempt") == 2, "status.attempt 2")
+    assert status(kube, "flaky")["lastFailure"]["reason"] == "AppFailed"
+    kuberay(kube, "flaky-a2", "Failed", "FAILED", reason="AppFailed", message="NCCL timeout")
+    wait_for(phase_is(kube, "flaky", "Failed"), "phase Failed")
+    failed = condition(kube, "flaky", "Failed")
+    assert (failed["status"], failed["reason"], failed["message"]) == ("True", "AppFailed", "NCCL timeout")
+    time.sleep(1)
+    assert kube.find(RAY, "rayjobs", "flaky-a3") is None  # attempts = 1 + backoffLimit
+    reasons = [e["reason"] for e in events_for(kube, "flaky")]
+    assert reasons.count("AttemptStarted") == 2 and "AttemptFailed" in reasons and "Failed" in reasons
+
+
+BAD = {
+    "bad-nnodes": ({"config": {**manifest("x")["spec"]["config"], "trainer": {
+        **manifest("x")["spec"]["config"]["trainer"], "nnodes": 0}}}, "nnodes"),
+    "bad-no-model": ({"config": {"trainer": {"nnodes": 1, "device": "cpu"}}}, "model.path"),
+    "bad-quantity": ({"resources": {"cpu": "2", "memory": "8Gi", "sharedMemory": "16Gi",
+                                    "head": {"cpu": "1", "memory": "4Gi"}}}, "sharedMemory"),
+}
+
+
+def test_invalid_specs_get_a_clear_message_and_no_children(kube: KubeEmulator, operator: Operator) -> None:
+    for name, (spec, _) in BAD.items():
+        kube.create(RLJ, "rljobs", manifest(name, **spec), "default")
+    for name, (_, needle) in BAD.items():
+        wait_for(phase_is(kube, name, "Invalid"), f"{name}: phase Invalid")
+        validated = condition(kube, name, "Validated")
+        assert validated["status"] == "False" and needle in validated["message"], validated
+        warnings = [e for e in events_for(kube, name) if e["reason"] == "InvalidSpec"]
+        assert len(warnings) == 1 and needle in warnings[0]["message"]
+    time.sleep(3)  # a resync (2 s) later: still nothing scheduled, no repeated Event
+    for name in BAD:
+        assert kube.list(RAY, "rayjobs", labels=f"rl.hybridflow.dev/rljob={name}") == []
+        assert kube.find("v1", "configmaps", f"{name}-config") is None
+        assert len([e for e in events_for(kube, name) if e["reason"] == "InvalidSpec"]) == 1
+
+
+def test_suspend_and_resume(kube: KubeEmulator, operator: Operator) -> None:
+    kube.create(RLJ, "rljobs", manifest("pause"), "default")
+    wait_for(lambda: kube.find(RAY, "rayjobs", "pause-a1"), "RayJob pause-a1")
+    kuberay(kube, "pause-a1", "Running", "RUNNING")
+    wait_for(phase_is(kube, "pause", "Running"), "phase Running")
+    kube.patch(RLJ, "rljobs", "pause", {"spec": {"suspend": True}})
+    wait_for(lambda: kube.get(RAY, "rayjobs", "pause-a1")["spec"].get("suspend") is True, "RayJob suspended")
+    wait_for(phase_is(kube, "pause", "Suspended"), "phase Suspended")
+    kuberay(kube, "pause-a1", "Suspended")
+    kube.patch(RLJ, "rljobs", "pause", {"spec": {"suspend": False}})
+    wait_for(lambda: kube.get(RAY, "rayjobs", "pause-a1")["spec"].get("suspend") is False, "RayJob resumed")
+    kuberay(kube, "pause-a1", "Running", "RUNNING")
+    wait_for(phase_is(kube, "pause", "Running"), "phase Running again")
+    assert kube.find(RAY, "rayjobs", "pause-a2") is None  # resuming is not a new attempt
+
+
+def test_restart_mid_flight_creates_no_duplicates(kube: KubeEmulator, operator: Operator) -> None:
+    kube.create(RLJ, "rljobs", manifest("restart"), "default")
+    wait_for(lambda: kube.find(RAY, "rayjobs", "restart-a1"), "RayJob restart-a1")
+    wait_for(lambda: status(kube, "restart").get("attempt") == 1, "status written")
+    operator.stop()
+    kuberay(kube, "restart-a1", "Failed", "FAILED", reason="NodeLost", message="node went away")
+    operator.start()
+    wait_for(lambda: kube.find(RAY, "rayjobs", "restart-a2"), "RayJob restart-a2 after restart")
+    time.sleep(2)
+    names = sorted(r["metadata"]["name"] for r in kube.list(RAY, "rayjobs", labels="rl.hybridflow.dev/rljob=restart"))
+    assert names == ["restart-a1", "restart-a2"]
+    assert len(kube.list("v1", "configmaps", labels="rl.hybridflow.dev/rljob=restart")) == 1
+    wait_for(lambda: status(kube, "restart").get("attempt") == 2, "status.attempt 2")
+
+
+def test_deletion_garbage_collects_children(kube: KubeEmulator, operator: Operator) -> None:
+    kube.create(RLJ, "rljobs", manifest("gone"), "default")
+    wait_for(lambda: kube.find(RAY, "rayjobs", "gone-a1"), "RayJob gone-a1")
+    kube.delete(RLJ, "rljobs", "gone")
+    assert kube.find(RAY, "rayjobs", "gone-a1") is None and kube.find("v1", "configmaps", "gone-config") is None
+    assert kube.find(RLJ, "rljobs", "gone") is None  # no finalizer held it
+
+
+def test_metrics_and_health_endpoint(kube: KubeEmulator, operator: Operator) -> None:
+    url = f"http://127.0.0.1:{operator.metrics_port}"
+    text = wait_for(lambda: _fetch(url + "/metrics"), "metrics endpoint")
+    assert "rljob_reconciles_total" in text and 'rljob_jobs{phase="Running"}' in text
+    assert "rljob_attempts_total" in text and "rljob_reconcile_duration_seconds_bucket" in text
+    assert _fetch(url + "/healthz") == "ok\n"
+
+
+def _fetch(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return resp.read().decode()
+    except OSError:
+        return ""
