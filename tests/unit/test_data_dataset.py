@@ -174,3 +174,10 @@ def test_from_config_with_the_trainer_config(parquet: str, tokenizer: Any) -> No
     loader = StatefulDataLoader.from_config(cfg, ds)
     assert len(loader) == 1 and loader.seed == 5
     assert len(next(iter(loader))) == 2
+
+
+def test_collate_rejects_mixed_items() -> None:
+    with pytest.raises(ValueError, match="cannot collate 'x'"):
+        collate_fn([{"x": torch.zeros(2)}, {"x": [0, 0]}])
+    with pytest.raises(ValueError, match="empty"):
+        collate_fn([])

@@ -242,7 +242,12 @@ def collate_fn(items: Sequence[dict[str, Any]]) -> DataProto:
     for key in keys:
         values = [item.get(key) for item in items]
         if isinstance(values[0], torch.Tensor):
-            tensors[key] = torch.stack(values)
+            stacked = [v for v in values if isinstance(v, torch.Tensor)]
+            if len(stacked) != len(values):
+                raise ValueError(
+                    f"cannot collate {key!r}: a tensor in some items, missing or not a tensor in others"
+                )
+            tensors[key] = torch.stack(stacked)
         else:
             array = np.empty(len(values), dtype=object)
             for i, value in enumerate(values):

@@ -155,7 +155,7 @@ class RewardManager:
         extras = [non_tensor["extra_info"][i] for i in range(n)] if "extra_info" in non_tensor else [None] * n
         if self.kind == "batch":
             # verl's BatchRewardManager contract: one call with lists, one result per sample back.
-            fn = getattr(self.compute_score, "batched", self.compute_score)
+            fn: Callable[..., Any] = getattr(self.compute_score, "batched", self.compute_score)
             results = list(
                 fn(data_sources=sources, solution_strs=texts, ground_truths=truths, extra_infos=extras)
             )
