@@ -14,6 +14,11 @@ from typing import Any
 
 from hybridflow.config import ConfigError, HybridFlowConfig, load_config
 
+
+class StartupError(RuntimeError):
+    """The run cannot start: its inputs (model, tokenizer, data, reward) are unusable; the message says why."""
+
+
 USAGE = "usage: python -m hybridflow.trainer.main_ppo [config.yaml] [key=value ...]"
 
 
@@ -124,20 +129,26 @@ def run(cfg: HybridFlowConfig) -> int:
     from hybridflow.trainer.ray_trainer import RayPPOTrainer, compute_total_training_steps
 
     model_cfg = cfg.actor_rollout_ref.model
-    tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path)
-    train_loader, val_loader = build_data(cfg, tokenizer)
-    sources = set(train_loader.dataset.data_sources()) | (
-        set(val_loader.dataset.data_sources()) if val_loader else set()
-    )
-    reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path)
+        train_loader, val_loader = build_data(cfg, tokenizer)
+        sources = set(train_loader.dataset.data_sources())
+        if val_loader is not None:
+            sources |= set(val_loader.dataset.data_sources())
+        reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources)
+    except (OSError, ValueError) as exc:  # bad paths, unreadable data, prompts too long, no scorer...
+        raise StartupError(str(exc)) from exc
     # The workers' lr schedules need the run length (verl injects it the same way).
     total_steps = compute_total_training_steps(cfg, len(train_loader))
     cfg.actor_rollout_ref.actor.optim.total_training_steps = total_steps
     cfg.critic.optim.total_training_steps = total_steps
     init_ray(cfg)
     workers = build_worker_groups(cfg)
-    trainer = RayPPOTrainer(cfg, tokenizer, workers, train_loader, reward_fn, val_loader, val_reward_fn)
-    return trainer.fit()
+    try:
+        trainer = RayPPOTrainer(cfg, tokenizer, workers, train_loader, reward_fn, val_loader, val_reward_fn)
+        return trainer.fit()
+    finally:
+        workers.shutdown()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,11 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{exc}; pass an existing YAML file. {USAGE}", file=sys.stderr)
         return 2
     from hybridflow.checkpoint import CheckpointError
-    from hybridflow.rewards import UnknownDataSourceError
 
     try:
         step = run(cfg)
-    except (UnknownDataSourceError, CheckpointError) as exc:
+    except (StartupError, CheckpointError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"training finished at global step {step}; checkpoints under {cfg.trainer.default_local_dir}")

@@ -48,6 +48,13 @@ class WorkerGroups:
         """Number of actor processes (used to normalise throughput)."""
         return int(self.actor_rollout.world_size)
 
+    def shutdown(self) -> None:
+        """Kill every group's actors and free their placement groups (a later run in this Ray can start)."""
+        for group in (self.actor_rollout, self.critic, self.rollout):
+            if group is not None:
+                group.shutdown()
+                group.resource_pool.release()
+
 
 class RayPPOTrainer:
     """Drive one RL run over prepared worker groups, data loaders and reward functions."""
