@@ -58,6 +58,13 @@ def test_unknown_task() -> None:
         toy.build_rows("sort", 3)
 
 
+def test_generate_to_fsspec_uris(tmp_path: Path) -> None:
+    train, test = toy.generate("count", 4, 2, f"file://{tmp_path}/new/dir", seed=0)
+    assert pq.read_table(str(tmp_path / "new/dir/train.parquet")).num_rows == 4
+    toy.generate("count", 4, 2, "memory://toy/out")
+    assert train.endswith("/new/dir/train.parquet") and test.endswith("test.parquet")
+
+
 def test_cli_writes_and_prints_paths(tmp_path: Path) -> None:
     out = tmp_path / "data"
     proc = subprocess.run(

@@ -11,7 +11,6 @@ writes ``DIR/train.parquet`` and ``DIR/test.parquet`` and prints their paths.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import string
 import sys
@@ -92,8 +91,10 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str) -> None:
 
 def generate(task: str, n_train: int, n_val: int, out: str, *, seed: int = 0) -> tuple[str, str]:
     """Write ``out/train.parquet`` and ``out/test.parquet`` for ``task``; return their paths."""
-    if not out.startswith(("s3://", "gs://", "memory://", "file://")):
-        os.makedirs(out, exist_ok=True)
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(out)
+    fs.makedirs(root, exist_ok=True)
     train_path, test_path = f"{out.rstrip('/')}/train.parquet", f"{out.rstrip('/')}/test.parquet"
     write_parquet(build_rows(task, n_train, seed=seed, split="train"), train_path)
     write_parquet(build_rows(task, n_val, seed=seed, split="test"), test_path)
