@@ -17,7 +17,7 @@ KlPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 RolloutName = Literal["vllm", "sglang", "hf"]
 LoggerName = Literal["console", "file", "tensorboard", "wandb"]
-RewardManager = Literal["naive", "dapo", "batch", "prime"]
+RewardManager = Literal["naive", "dapo", "batch"]
 FilterGroupMetric = Literal["acc", "score", "seq_reward", "seq_final_reward"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)

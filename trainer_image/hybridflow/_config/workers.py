@@ -256,7 +256,7 @@ class OverlongBuffer(Section):
 
     enable: bool = Field(default=False, description="Penalise responses that run into the last len tokens.")
     len: int = Field(default=0, ge=0, description="Buffer length in tokens before max_response_length.")
-    penalty_factor: float = Field(default=0.0, ge=0, description="Penalty at the very end of the buffer.")
+    penalty_factor: float = Field(default=1.0, ge=0, description="Penalty at the very end of the buffer (DAPO recipe default 1.0).")
     log: bool = Field(default=False, description="Log the penalty as a metric.")
 
 
