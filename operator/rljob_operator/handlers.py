@@ -107,8 +107,15 @@ class Runtime:
         self.tracker.set(uid, None)
 
 
+def _indexes(memo: Any, kwargs: dict[str, Any]) -> tuple[kopf.Index[Any, Any], kopf.Index[Any, Any]]:
+    """kopf passes indexes as keyword arguments named after the index functions; keep them for the resync."""
+    rayjobs, rljobs = kwargs["rayjobs_by_owner"], kwargs["rljobs_by_name"]
+    memo.runtime.indexes.update(rljobs=rljobs, rayjobs=rayjobs)
+    return rayjobs, rljobs
+
+
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: Any, logger: logging.Logger | logging.LoggerAdapter[Any], **_: Any) -> None:
     """Configure kopf, open the API client and the metrics endpoint."""
     ours: Settings = memo.settings
     settings.posting.level = logging.WARNING  # handler warnings/errors become Events on the RLJob
@@ -125,7 +132,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logg
 
 
 @kopf.on.cleanup()
-async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+async def cleanup(memo: Any, **_: Any) -> None:
     """Close the API client and the metrics endpoint."""
     runtime: Runtime | None = getattr(memo, "runtime", None)
     if runtime is not None:
@@ -137,13 +144,13 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.index(*RAYJOBS, labels=OURS)
-def rayjobs_by_owner(body: kopf.Body, namespace: str, labels: Mapping[str, str], **_: Any) -> dict[Any, Any]:
+def rayjobs_by_owner(body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any) -> dict[Any, Any]:
     """Our RayJobs by (namespace, owner RLJob name)."""
     return {(namespace, labels.get(names.LABEL_RLJOB)): plain(body)}
 
 
 @kopf.index(*RLJOBS)
-def rljobs_by_name(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[Any, Any]:
+def rljobs_by_name(body: kopf.Body, namespace: str | None, name: str, **_: Any) -> dict[Any, Any]:
     """RLJobs by (namespace, name)."""
     return {(namespace, name): plain(body)}
 
@@ -151,24 +158,22 @@ def rljobs_by_name(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict
 @kopf.on.resume(*RLJOBS, backoff=5)
 @kopf.on.create(*RLJOBS, backoff=5)
 @kopf.on.update(*RLJOBS, backoff=5)
-async def rljob_changed(body: kopf.Body, namespace: str, name: str, memo: kopf.Memo,
-                        rayjobs_by_owner: kopf.Index, rljobs_by_name: kopf.Index, **_: Any) -> None:
+async def rljob_changed(body: kopf.Body, namespace: str | None, name: str, memo: Any, **kwargs: Any) -> None:
     """An RLJob appeared or its spec/metadata changed: reconcile it."""
-    memo.runtime.indexes.update(rljobs=rljobs_by_name, rayjobs=rayjobs_by_owner)
-    await memo.runtime.reconcile(plain(body), rayjobs_by_owner.get((namespace, name), []), "rljob")
+    rayjobs, rljobs = _indexes(memo, kwargs)
+    await memo.runtime.reconcile(plain(body), rayjobs.get((namespace, name), []), "rljob")
 
 
 @kopf.on.event(*RAYJOBS, labels=OURS)
-async def rayjob_event(namespace: str, labels: Mapping[str, str], memo: kopf.Memo, rljobs_by_name: kopf.Index,
-                       rayjobs_by_owner: kopf.Index, **_: Any) -> None:
+async def rayjob_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any) -> None:
     """One of our RayJobs changed (KubeRay status, deletion): reconcile its owner."""
-    memo.runtime.indexes.update(rljobs=rljobs_by_name, rayjobs=rayjobs_by_owner)
+    rayjobs, rljobs = _indexes(memo, kwargs)
     key = (namespace, labels.get(names.LABEL_RLJOB))
-    for rljob in list(rljobs_by_name.get(key, [])):
-        await memo.runtime.reconcile(rljob, rayjobs_by_owner.get(key, []), "rayjob")
+    for rljob in list(rljobs.get(key, [])):
+        await memo.runtime.reconcile(rljob, rayjobs.get(key, []), "rayjob")
 
 
 @kopf.on.delete(*RLJOBS, optional=True)
-async def rljob_deleted(uid: str, memo: kopf.Memo, **_: Any) -> None:
+async def rljob_deleted(uid: str, memo: Any, **_: Any) -> None:
     """An RLJob is gone: forget it (its children are garbage-collected through ownerReferences)."""
     memo.runtime.forget(uid)

@@ -79,7 +79,7 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
         raise RuntimeError(f"kubeconfig {path}: current-context {ctx_name!r} is not defined; "
                            f"run `kubectl config use-context NAME`")
     cluster = next(c["cluster"] for c in config.get("clusters", []) if c["name"] == ctx["cluster"])
-    user = next((u["user"] for u in config.get("users", []) if u["name"] == ctx.get("user")), {}) or {}
+    user: Obj = next((u["user"] for u in config.get("users", []) if u["name"] == ctx.get("user")), {}) or {}
     return Credentials(
         server=cluster["server"].rstrip("/"),
         token=user.get("token"),
