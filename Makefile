@@ -49,6 +49,7 @@ typecheck: install ## Mypy on the pure (torch/Ray-free) modules
 .PHONY: crds
 crds: install ## Regenerate crds/ (and the chart's copy) from the pydantic models
 	$(PY) -m rljob_operator.crdgen --out crds
+	cp crds/rl.hybridflow.dev_rljobs.yaml helm/rljob-operator/crds/
 
 .PHONY: clean
 clean: ## Remove the virtualenv and caches

