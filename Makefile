@@ -51,6 +51,29 @@ crds: install ## Regenerate crds/ (and the chart's copy) from the pydantic model
 	$(PY) -m rljob_operator.crdgen --out crds
 	cp crds/rl.hybridflow.dev_rljobs.yaml helm/rljob-operator/crds/
 
+# Container images (need a Docker engine; not available on the CI box). IMAGE is the registry prefix.
+IMAGE ?= ghcr.io/rljob-hybridflow
+TAG ?= 0.1.0
+DOCKER ?= docker
+TRAINER_ARG = $(shell sed -n 's/^ARG $(1)=//p' trainer_image/Dockerfile)
+
+.PHONY: images
+images: ## Build the operator and trainer images (vLLM, SGLang): make images IMAGE=registry/prefix TAG=x
+	$(DOCKER) build -f operator/Dockerfile -t $(IMAGE)/operator:$(TAG) .
+	$(DOCKER) build -f trainer_image/Dockerfile --build-arg ROLLOUT=vllm -t $(IMAGE)/trainer:$(TAG) .
+	$(DOCKER) build -f trainer_image/Dockerfile --build-arg ROLLOUT=sglang -t $(IMAGE)/trainer:$(TAG)-sglang .
+
+.PHONY: images-push
+images-push: images ## Build, then push the three images to $(IMAGE)
+	$(DOCKER) push $(IMAGE)/operator:$(TAG)
+	$(DOCKER) push $(IMAGE)/trainer:$(TAG)
+	$(DOCKER) push $(IMAGE)/trainer:$(TAG)-sglang
+
+.PHONY: images-resolve
+images-resolve: install ## Resolve the trainer image's pinned requirements with pip --dry-run (network, ~30 s)
+	$(PIP) install --dry-run --ignore-installed -q -c constraints.txt ".[trainer,s3]" "vllm==$(call TRAINER_ARG,VLLM_VERSION)"
+	$(PIP) install --dry-run --ignore-installed --no-deps -q "sglang==$(call TRAINER_ARG,SGLANG_VERSION)"
+
 .PHONY: clean
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
