@@ -74,6 +74,10 @@ images-resolve: install ## Resolve the trainer image's pinned requirements with 
 	$(PIP) install --dry-run --ignore-installed -q -c constraints.txt ".[trainer,s3]" "vllm==$(call TRAINER_ARG,VLLM_VERSION)"
 	$(PIP) install --dry-run --ignore-installed --no-deps -q "sglang==$(call TRAINER_ARG,SGLANG_VERSION)"
 
+.PHONY: docs
+docs: install ## Regenerate docs/api.md from the RLJob models (run with `make crds` after changing api.py)
+	$(PY) -m rljob_operator.apidoc --out docs/api.md
+
 .PHONY: clean
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

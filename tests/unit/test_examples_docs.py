@@ -14,7 +14,7 @@ DOCS = REPO / "docs"
 def test_api_reference_is_current() -> None:
     assert (DOCS / "api.md").read_text() == apidoc.render(), (
         "docs/api.md is out of date with operator/rljob_operator/api.py: "
-        "run `.venv/bin/python -m rljob_operator.apidoc --out docs/api.md`"
+        "run `make docs`"
     )
 
 
