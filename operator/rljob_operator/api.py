@@ -260,6 +260,7 @@ class Phase(str, Enum):
     STARTING = "Starting"
     RUNNING = "Running"
     RETRYING = "Retrying"
+    RESTARTING = "Restarting"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -273,6 +274,7 @@ class ConditionType(str, Enum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    SPEC_APPLIED = "SpecApplied"
 
 
 class Condition(_Model):

@@ -11,8 +11,8 @@ import shlex
 from typing import Any
 
 import yaml
-from hybridflow.config import HybridFlowConfig, parse_config
 
+from hybridflow.config import HybridFlowConfig, parse_config
 from rljob_operator import api, names
 
 RAY_API_VERSION = "ray.io/v1"
@@ -79,11 +79,14 @@ def owner_reference(rljob: api.RLJob) -> dict[str, Any]:
     }
 
 
-def _metadata(rljob: api.RLJob, name: str, labels: dict[str, str]) -> dict[str, Any]:
+def _metadata(rljob: api.RLJob, name: str, labels: dict[str, str],
+              annotations: dict[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if rljob.metadata.namespace:
         meta["namespace"] = rljob.metadata.namespace
     meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = dict(annotations)
     meta["ownerReferences"] = [owner_reference(rljob)]
     return meta
 
@@ -173,10 +176,11 @@ def _pod_template(
     return {"metadata": metadata, "spec": pod_spec}
 
 
-def build_rayjob(rljob: api.RLJob, attempt: int) -> dict[str, Any]:
+def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """The KubeRay v1 RayJob of one attempt: a fresh RayCluster running the trainer, torn down after.
 
-    Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
+    `annotations` go on the RayJob's metadata (the operator records there which spec the attempt was
+    built from, see changes.attempt_annotations). Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
     """
     name = rljob.metadata.name
     nnodes, gpus = cluster_shape(trainer_config(rljob))
@@ -198,7 +202,7 @@ def build_rayjob(rljob: api.RLJob, attempt: int) -> dict[str, Any]:
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": "RayJob",
-        "metadata": _metadata(rljob, names.ray_job_name(name, attempt), labels),
+        "metadata": _metadata(rljob, names.ray_job_name(name, attempt), labels, annotations),
         "spec": {
             "entrypoint": entrypoint(rljob),
             "shutdownAfterJobFinishes": True,
@@ -223,6 +227,6 @@ def build_rayjob(rljob: api.RLJob, attempt: int) -> dict[str, Any]:
     }
 
 
-def build_children(rljob: api.RLJob, attempt: int) -> list[dict[str, Any]]:
-    """Every child of an RLJob for one attempt, in apply order: the ConfigMap, then the RayJob."""
-    return [build_configmap(rljob), build_rayjob(rljob, attempt)]
+def build_children(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every child of an RLJob for one attempt, in apply order: the ConfigMap, then the RayJob (`annotations`)."""
+    return [build_configmap(rljob), build_rayjob(rljob, attempt, annotations)]

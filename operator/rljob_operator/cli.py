@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from rljob_operator import api
+from rljob_operator import api, changes
 from rljob_operator.builders import build_children
 from rljob_operator.validation import check_rljob
 
@@ -191,7 +191,8 @@ def render_main(argv: list[str]) -> int:
         rljob = api.RLJob.model_validate(doc)
         if not rljob.metadata.uid:
             rljob.metadata.uid = PLACEHOLDER_UID
-        rendered.extend(build_children(rljob, args.attempt))
+        notes = changes.attempt_annotations(doc, changes.checkpoint_location(doc))
+        rendered.extend(build_children(rljob, args.attempt, notes))
     if failed:
         return 1
     if not rendered:

@@ -108,7 +108,7 @@ PLURALS = {"ConfigMap": "configmaps", "RayJob": "rayjobs", "RLJob": "rljobs", "E
 
 
 class KubeClient:
-    """Async client: get/list/create/patch/patch_status/post_event; errors raise KubeApiError."""
+    """Async client: get/list/create/patch/delete/post_event; errors raise KubeApiError."""
 
     def __init__(self, credentials: Credentials, on_error: Callable[[str, int], None] | None = None) -> None:
         """Prepare the client; `on_error(verb, code)` is called for every failed request (metrics)."""
@@ -176,6 +176,12 @@ class KubeClient:
         """JSON-merge-patch an object (or its status subresource)."""
         path = resource_path(api_version, plural, namespace, name, subresource)
         return await self.request("PATCH", path, patch, MERGE_PATCH)
+
+    async def delete(self, api_version: str, plural: str, namespace: str | None, name: str,
+                     propagation: str = "Background") -> Obj:
+        """Delete an object; `propagation` is Background, Foreground or Orphan (for its dependents)."""
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        return await self.request("DELETE", resource_path(api_version, plural, namespace, name), body)
 
     async def post_event(self, obj: Obj, type_: str, reason: str, message: str,
                          now: datetime.datetime | None = None) -> Obj:

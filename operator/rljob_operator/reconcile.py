@@ -64,6 +64,15 @@ async def ensure_rayjob(client: KubeClient, desired: Obj, existing: Obj | None, 
     return existing, created
 
 
+async def stop_rayjob(client: KubeClient, namespace: str, name: str) -> None:
+    """Delete a superseded attempt's RayJob; Foreground keeps it visible until its Ray cluster is gone."""
+    try:
+        await client.delete(RAY_API_VERSION, "rayjobs", namespace, name, propagation="Foreground")
+    except KubeApiError as err:
+        if err.code != 404:
+            raise
+
+
 def _status_patch(old: Obj, new: Obj) -> Obj:
     """A merge patch turning `old` status into `new` (keys that disappeared are set to null)."""
     return {**{k: None for k in old if k not in new}, **new}
@@ -77,9 +86,13 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     problems = validate_rljob(rljob)
     plan = decide(rljob, owned, problems, now)
     created_attempt = None
+    for stale in plan.stop:
+        await stop_rayjob(client, ns, stale)
     if plan.attempt is not None:
         model = api.RLJob.model_validate(rljob)
-        configmap, rayjob = build_children(model, plan.attempt)
+        if plan.checkpoint_uri is not None:  # a change of the location is refused: keep the pinned one
+            model.spec.checkpoint.uri = plan.checkpoint_uri
+        configmap, rayjob = build_children(model, plan.attempt, plan.annotations)
         existing = next((r for r in owned if attempt_of(r) == plan.attempt), None)
         # The ConfigMap is (re)applied when an attempt starts or the spec changed, not on every event.
         if existing is None or meta.get("generation") != (rljob.get("status") or {}).get("observedGeneration"):

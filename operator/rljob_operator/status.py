@@ -2,8 +2,9 @@
 
 `compute_status` is the ONE place that turns observations (the RayJob of the current attempt, the
 validation problems) into `status` (phase, conditions, attempt, child names, times, last failure).
-`decide` picks the attempt whose children must exist (first run, retry after a failure while attempts
-remain, nothing when invalid or finished), the RayJob's desired `suspend`, the new status and the
+`decide` picks the attempt whose children must exist (first run, retry after a failure while retries
+remain, a new attempt after a spec edit that needs one (see changes.py), nothing when invalid or
+finished), the superseded RayJobs to stop, the RayJob's desired `suspend`, the new status and the
 Events of the transitions. No I/O, no clock: `now` is passed in.
 
 KubeRay facts used (ray.io/v1 RayJob, KubeRay v1.7.0 CRD): `status.jobDeploymentStatus` in
@@ -18,13 +19,16 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob_operator import names
+from rljob_operator import changes, names
 
 Obj = dict[str, Any]
-CONDITION_TYPES = ("Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed")
+CONDITION_TYPES = ("Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 #: RayJob outcomes that retrying the same manifest cannot fix (KubeRay rejected the RayJob itself).
 PERMANENT_RAYJOB_FAILURES = ("ValidationFailed",)
+#: RayJob outcomes of an attempt that still holds (or may soon hold) a Ray cluster.
+ACTIVE_OUTCOMES = ("pending", "starting", "running", "suspended")
+SPEC_APPLIED = ("True", "Applied", "Every field of the spec is in effect.")
 
 
 def rfc3339(now: datetime.datetime) -> str:
@@ -94,7 +98,7 @@ def merge_conditions(old: list[Obj], desired: dict[str, tuple[str, str, str]], n
 
 
 def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended: bool,
-                        failure: Obj | None) -> dict[str, tuple[str, str, str]]:
+                        failure: Obj | None, spec_applied: tuple[str, str, str]) -> dict[str, tuple[str, str, str]]:
     if problems:
         msg = "; ".join(problems) + ". Fix the RLJob spec (`rljob validate job.yaml` shows the same checks)."
         return {"Validated": ("False", "InvalidSpec", msg)}
@@ -114,15 +118,18 @@ def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended
         conds["Failed"] = ("True", failure.get("reason") or "Failed", failure.get("message") or "")
     else:
         conds["Failed"] = ("False", "NoFailure", "The job has not failed.")
+    conds["SpecApplied"] = spec_applied
     return conds
 
 
 def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str], now: datetime.datetime, *,
-                   attempt: int, gave_up: bool = False, last_failure: Obj | None = None) -> Obj:
+                   attempt: int, gave_up: bool = False, last_failure: Obj | None = None,
+                   restarting: bool = False, spec_applied: tuple[str, str, str] = SPEC_APPLIED) -> Obj:
     """The RLJob status for the current attempt, from the RayJob of that attempt (None: not created yet).
 
     `gave_up`: the attempt failed and no retries are left (phase Failed). `last_failure`: the latest
-    failed attempt (kept in status and shown while retrying).
+    failed attempt (kept in status and shown while retrying). `restarting`: a superseded attempt is
+    being stopped before this one starts (phase Restarting). `spec_applied`: the SpecApplied condition.
     """
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
@@ -139,10 +146,12 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
         phase = "Failed"
     elif suspended:
         phase = "Suspended"
+    elif restarting:
+        phase = "Restarting"
     elif outcome == "suspended" or (outcome == "missing" and spec.get("queueName")):
         phase = "Queued" if spec.get("queueName") else "Suspended"
-    elif outcome == "missing":
-        phase = "Retrying" if attempt > 1 else "Pending"
+    elif outcome == "missing":  # the next attempt is about to be created
+        phase = "Retrying" if (failure or {}).get("attempt") == attempt - 1 else "Pending"
     else:
         phase = {"running": "Running", "starting": "Starting", "pending": "Starting",
                  "failed": "Retrying"}[outcome]
@@ -151,7 +160,7 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
     status["phase"] = phase
     status["conditions"] = merge_conditions(old.get("conditions") or [],
                                             _desired_conditions(phase, validation_problems, outcome,
-                                                                suspended, failure),
+                                                                suspended, failure, spec_applied),
                                             now, meta.get("generation"))
     if not validation_problems:
         status["attempt"] = attempt
@@ -188,6 +197,12 @@ class Plan:
     suspend: bool | None
     status: Obj
     events: list[EventSpec] = field(default_factory=list)
+    #: Superseded RayJobs to delete (they belong to an attempt replaced after a spec edit).
+    stop: list[str] = field(default_factory=list)
+    #: Annotations of the attempt's RayJob (which spec and checkpoint location it is built from).
+    annotations: dict[str, str] = field(default_factory=dict)
+    #: Checkpoint location to build with instead of the spec's (set while a change of it is refused).
+    checkpoint_uri: str | None = None
 
 
 def attempt_of(rayjob: Obj) -> int:
@@ -201,10 +216,15 @@ def attempt_of(rayjob: Obj) -> int:
 def _transition_events(old: Obj, new: Obj) -> list[EventSpec]:
     events = []
     old_conds = {c["type"]: c for c in old.get("conditions") or []}
-    validated = next((c for c in new["conditions"] if c["type"] == "Validated"), None)
+    new_conds = {c["type"]: c for c in new["conditions"]}
+    validated = new_conds.get("Validated")
     if validated and validated["status"] == "False" and \
             old_conds.get("Validated", {}).get("message") != validated["message"]:
         events.append(EventSpec("Warning", "InvalidSpec", validated["message"]))
+    applied = new_conds.get("SpecApplied")
+    if applied and applied["reason"] == "CheckpointChangeRefused" and \
+            old_conds.get("SpecApplied", {}).get("message") != applied["message"]:
+        events.append(EventSpec("Warning", "SpecChangeRefused", applied["message"]))
     phase, before = new["phase"], old.get("phase")
     if phase == before:
         return events
@@ -220,7 +240,7 @@ def _transition_events(old: Obj, new: Obj) -> list[EventSpec]:
     elif phase == "Succeeded":
         events.append(EventSpec("Normal", "Succeeded", f"Training finished in attempt {new.get('attempt')}."))
     elif phase in ("Suspended", "Queued"):
-        events.append(EventSpec("Normal", phase, new["conditions"][1]["message"]))
+        events.append(EventSpec("Normal", phase, new_conds["Suspended"]["message"]))
     return events
 
 
@@ -228,6 +248,7 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
     """Decide the next step of an RLJob from its observed RayJobs (all attempts) and validation problems."""
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
+    meta = rljob.get("metadata") or {}
     by_attempt = {attempt_of(r): r for r in rayjobs if attempt_of(r) > 0}
     # The highest attempt seen anywhere wins: after a restart or a lost status write, no attempt repeats.
     attempt = max([old.get("attempt") or 1, *by_attempt])
@@ -235,20 +256,34 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
     if validation_problems:
         status = compute_status(rljob, None, validation_problems, now, attempt=attempt)
         return Plan(None, None, status, _transition_events(old, status))
-    if old.get("phase") in TERMINAL_PHASES and old.get("observedGeneration") == \
-            (rljob.get("metadata") or {}).get("generation"):
-        return Plan(None, None, old)  # finished: nothing to create, status stays as written
+    if old.get("phase") in TERMINAL_PHASES:
+        # Finished is final: later edits (even of runPolicy) change nothing; recreate the RLJob to run again.
+        return Plan(None, None, {**old, "observedGeneration": meta.get("generation")})
     rayjob = by_attempt.get(attempt)
     outcome = rayjob_outcome(rayjob)
+    events: list[EventSpec] = []
     kwargs: dict[str, Any] = {}
+    location = changes.checkpoint_location(rljob)
+    pinned = changes.pinned_location(list(by_attempt.values()))
+    refused = pinned is not None and pinned != location
+    if refused:
+        kwargs["spec_applied"] = ("False", "CheckpointChangeRefused", _refusal(location, str(pinned)))
     previous = by_attempt.get(attempt - 1)
     if previous is not None and rayjob_outcome(previous) == "failed" and \
             (old.get("lastFailure") or {}).get("attempt") != attempt - 1:
         kwargs["last_failure"] = _failure_of(previous, attempt - 1)  # e.g. status lost before the retry
-    if outcome in ("failed", "invalid") and rayjob is not None:
+    edited = changes.changed_fields(rljob, rayjob) if rayjob is not None and outcome in ACTIVE_OUTCOMES else []
+    if edited:
+        events.append(EventSpec("Normal", "SpecChanged", (
+            f"spec.{', spec.'.join(edited)} changed: stopping attempt {attempt} "
+            f"(RayJob {names.ray_job_name(meta.get('name', ''), attempt)}); "
+            f"attempt {attempt + 1} then starts from the new spec and resumes from the latest checkpoint.")))
+        attempt, rayjob, outcome = attempt + 1, None, "missing"
+    elif outcome in ("failed", "invalid") and rayjob is not None:
         failure = _failure_of(rayjob, attempt)
-        # attempts = 1 + retries: attempt N may be retried while N <= backoffLimit.
-        if outcome == "failed" and attempt <= backoff_limit and not _deadline_passed(old, spec, now):
+        # Retries used = failed attempts before this one; restarts after a spec edit are not failures.
+        failures = sum(1 for r in by_attempt.values() if rayjob_outcome(r) == "failed")
+        if outcome == "failed" and failures <= backoff_limit and not _deadline_passed(old, spec, now):
             attempt, rayjob = attempt + 1, None
             kwargs["last_failure"] = failure
         else:
@@ -259,12 +294,30 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
             "attempt": attempt, "reason": "DeadlineExceeded",
             "message": f"The job ran longer than spec.runPolicy.activeDeadlineSeconds={deadline}; raise it "
                        f"to allow longer runs"})
-    status = compute_status(rljob, rayjob, [], now, attempt=attempt, **kwargs)
-    events = _transition_events(old, status)
+    # Superseded attempts still holding a cluster are stopped before the new one starts: two attempts
+    # must never write checkpoints to the same place at once.
+    stale = [r for a, r in sorted(by_attempt.items()) if a < attempt and rayjob_outcome(r) in ACTIVE_OUTCOMES]
+    if stale and not refused:
+        waiting = ", ".join(r["metadata"]["name"] for r in stale)
+        kwargs["spec_applied"] = ("False", "Restarting", (
+            f"Waiting for RayJob {waiting} of a superseded attempt to stop; attempt {attempt} then starts "
+            f"from the current spec and resumes from the latest checkpoint."))
+    status = compute_status(rljob, rayjob, [], now, attempt=attempt, restarting=bool(stale), **kwargs)
+    events = _transition_events(old, status) + events
     if status["phase"] in TERMINAL_PHASES:
         return Plan(None, None, status, events)
     suspend = True if spec.get("suspend") else (None if spec.get("queueName") else False)
-    return Plan(attempt, suspend, status, events)
+    return Plan(None if stale else attempt, suspend, status, events,
+                stop=[r["metadata"]["name"] for r in stale if not r["metadata"].get("deletionTimestamp")],
+                annotations=changes.attempt_annotations(rljob, str(pinned) if refused else location),
+                checkpoint_uri=str(pinned) if refused else None)
+
+
+def _refusal(wanted: str, pinned: str) -> str:
+    return (f"The checkpoint location changed to {wanted!r}, but this job's attempts write and resume "
+            f"checkpoints at {pinned!r}: the change is refused and every attempt keeps using {pinned!r}, "
+            f"so that resuming does not lose the progress. Set spec.checkpoint.uri back to {pinned!r}, or "
+            f"delete and recreate the RLJob to start from scratch at the new location.")
 
 
 def _deadline_passed(old: Obj, spec: Obj, now: datetime.datetime) -> bool:

@@ -226,3 +226,45 @@ def _fetch(url: str) -> str:
             return resp.read().decode()
     except OSError:
         return ""
+
+
+def test_spec_edits_while_running(kube: KubeEmulator, operator: Operator) -> None:
+    """Live edits apply in place, pod/config edits start a resuming attempt, a new checkpoint URI is refused."""
+    kube.create(RLJ, "rljobs", manifest("edit"), "default")
+    wait_for(lambda: kube.find(RAY, "rayjobs", "edit-a1"), "RayJob edit-a1")
+    # KubeRay puts a finalizer on its RayJobs and removes it once the Ray cluster is torn down.
+    kube.patch(RAY, "rayjobs", "edit-a1", {"metadata": {"finalizers": ["ray.io/rayjob-finalizer"]}})
+    kuberay(kube, "edit-a1", "Running", "RUNNING")
+    wait_for(phase_is(kube, "edit", "Running"), "phase Running")
+
+    kube.patch(RLJ, "rljobs", "edit", {"spec": {"runPolicy": {"backoffLimit": 5}}})  # live
+    wait_for(lambda: status(kube, "edit").get("observedGeneration") == 2, "generation 2 observed")
+    assert condition(kube, "edit", "SpecApplied")["status"] == "True"
+    assert status(kube, "edit")["phase"] == "Running" and kube.find(RAY, "rayjobs", "edit-a2") is None
+
+    config = manifest("edit")["spec"]["config"]
+    config["trainer"]["n_gpus_per_node"] = 1  # world size 2 -> 1: checkpoints do not depend on it
+    kube.patch(RLJ, "rljobs", "edit", {"spec": {"config": config}})
+    wait_for(lambda: kube.get(RAY, "rayjobs", "edit-a1")["metadata"].get("deletionTimestamp"), "edit-a1 stopping")
+    wait_for(phase_is(kube, "edit", "Restarting"), "phase Restarting")
+    assert condition(kube, "edit", "SpecApplied")["reason"] == "Restarting"
+    time.sleep(1)
+    assert kube.find(RAY, "rayjobs", "edit-a2") is None  # never two attempts at once
+    kube.patch(RAY, "rayjobs", "edit-a1", {"metadata": {"finalizers": None}})  # KubeRay: cluster gone
+    second = wait_for(lambda: kube.find(RAY, "rayjobs", "edit-a2"), "RayJob edit-a2 after the edit")
+    assert "n_gpus_per_node: 1" in kube.get("v1", "configmaps", "edit-config")["data"]["config.yaml"]
+    assert "trainer.resume_mode=auto" in second["spec"]["entrypoint"]
+    wait_for(lambda: status(kube, "edit").get("attempt") == 2, "status.attempt 2")
+    changed = [e["message"] for e in events_for(kube, "edit") if e["reason"] == "SpecChanged"]
+    assert len(changed) == 1 and "spec.config changed" in changed[0], changed
+
+    kube.patch(RLJ, "rljobs", "edit", {"spec": {"checkpoint": {"uri": "file:///tmp/elsewhere"}}})  # refused
+    wait_for(lambda: condition(kube, "edit", "SpecApplied").get("reason") == "CheckpointChangeRefused",
+             "SpecApplied=False CheckpointChangeRefused")
+    refused = [e for e in events_for(kube, "edit") if e["reason"] == "SpecChangeRefused"]
+    assert len(refused) == 1 and refused[0]["type"] == "Warning" and "file:///tmp/elsewhere" in refused[0]["message"]
+    kuberay(kube, "edit-a2", "Failed", "FAILED", reason="AppFailed", message="preempted")
+    third = wait_for(lambda: kube.find(RAY, "rayjobs", "edit-a3"), "RayJob edit-a3 (retry)")
+    assert "default_local_dir=file:///tmp/hybridflow/checkpoints" in third["spec"]["entrypoint"]
+    assert "elsewhere" not in kube.get("v1", "configmaps", "edit-config")["data"]["config.yaml"]
+    assert status(kube, "edit")["phase"] in ("Retrying", "Pending", "Starting")

@@ -2,6 +2,7 @@
 
 import pytest
 from pydantic import ValidationError
+
 from rljob_operator import api
 
 
@@ -90,8 +91,9 @@ def test_status_dumps_with_kubernetes_names() -> None:
 
 def test_phase_and_condition_vocabulary() -> None:
     assert [p.value for p in api.Phase] == [
-        "Pending", "Invalid", "Queued", "Suspended", "Starting", "Running", "Retrying", "Succeeded", "Failed",
+        "Pending", "Invalid", "Queued", "Suspended", "Starting", "Running", "Retrying", "Restarting", "Succeeded",
+        "Failed",
     ]
     assert {c.value for c in api.ConditionType} == {
-        "Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed",
+        "Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied",
     }

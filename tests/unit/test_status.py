@@ -6,6 +6,7 @@ import datetime
 from typing import Any
 
 import pytest
+
 from rljob_operator.status import compute_status, decide, merge_conditions, rayjob_outcome
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -57,7 +58,8 @@ CASES = [
     ("retry created", rljob({"phase": "Retrying", "attempt": 2}),
      [rayjob(1, "Failed", "FAILED"), rayjob(2, "Initializing")], [], 2, False, "Starting", 2, []),
     ("last attempt fails: give up", rljob({"phase": "Running", "attempt": 3}),
-     [rayjob(3, "Failed", "FAILED", reason="AppFailed", message="NCCL timeout")], [], None, None, "Failed", 3,
+     [rayjob(1, "Failed", "FAILED"), rayjob(2, "Failed", "FAILED"),
+      rayjob(3, "Failed", "FAILED", reason="AppFailed", message="NCCL timeout")], [], None, None, "Failed", 3,
      ["Failed"]),
     ("rayjob rejected by KubeRay is not retried", rljob({"phase": "Starting", "attempt": 1}),
      [rayjob(1, "ValidationFailed", reason="ValidationFailed", message="bad spec")], [], None, None, "Failed", 1,
@@ -85,7 +87,8 @@ def test_decide(title: str, job: dict[str, Any], observed: list[dict[str, Any]],
 
 def test_failure_reason_is_carried_to_failed_condition() -> None:
     plan = decide(rljob({"phase": "Running", "attempt": 3}),
-                  [rayjob(3, "Failed", "FAILED", reason="AppFailed", message="NCCL timeout")], [], NOW)
+                  [rayjob(1, "Failed", "FAILED"), rayjob(2, "Failed", "FAILED"),
+                   rayjob(3, "Failed", "FAILED", reason="AppFailed", message="NCCL timeout")], [], NOW)
     failed = cond(plan.status, "Failed")
     assert (failed["status"], failed["reason"], failed["message"]) == ("True", "AppFailed", "NCCL timeout")
     assert plan.status["lastFailure"] == {"attempt": 3, "reason": "AppFailed", "message": "NCCL timeout"}
