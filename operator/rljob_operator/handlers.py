@@ -23,7 +23,7 @@ from typing import Any
 
 import kopf
 
-from rljob_operator import api, metrics, names, reconcile
+from rljob_operator import api, metrics, names, peering, reconcile
 from rljob_operator.builders import RAY_API_VERSION
 from rljob_operator.kube import KubeApiError, KubeClient, load_credentials
 from rljob_operator.settings import Settings
@@ -54,6 +54,7 @@ class Runtime:
 
     settings: Settings
     client: KubeClient
+    identity: str = ""
     http: Any = None
     tracker: metrics.PhaseTracker = field(default_factory=metrics.PhaseTracker)
     locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
@@ -84,6 +85,8 @@ class Runtime:
         """Every `resync_seconds`, reconcile every known RLJob again (and read its progress)."""
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
+            if not await self.active():
+                continue
             for uid, known in list(self.latest.items()):
                 key = (known["metadata"]["namespace"], known["metadata"]["name"])
                 current = max([known, *self.indexes["rljobs"].get(key, [])],
@@ -99,6 +102,18 @@ class Runtime:
                         log.warning("resync of %s/%s failed: %s", *key, err)
                 except Exception:  # keep the loop alive; the error is counted in metrics
                     log.exception("resync of %s/%s failed", *key)
+
+    async def active(self) -> bool:
+        """Whether this replica is the active one (kopf pauses its handlers, not our resync task)."""
+        ours = self.settings
+        if ours.peering is None or ours.priority is None:
+            return True
+        try:
+            return await peering.check_active(self.client, ours.peering, ours.namespaces, self.identity,
+                                              ours.priority, datetime.datetime.now(datetime.timezone.utc))
+        except Exception as err:  # cannot tell: skip this round rather than risk acting twice
+            log.warning("cannot read the peering object %s: %s; skipping this resync", ours.peering, err)
+            return False
 
     def forget(self, uid: str) -> None:
         """Drop a deleted RLJob from caches and metrics."""
@@ -120,15 +135,19 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: logging.Lo
     ours: Settings = memo.settings
     settings.posting.level = logging.WARNING  # handler warnings/errors become Events on the RLJob
     settings.peering.mandatory = False  # without kopf's peering CRD: warn and run alone
+    settings.peering.lifetime = ours.peering_lifetime
     settings.watching.server_timeout = 300  # re-establish watches now and then, like kubectl does
     client = KubeClient(load_credentials(), on_error=metrics.record_api_error)
     await client.__aenter__()
-    memo.runtime = Runtime(settings=ours, client=client)
+    memo.runtime = Runtime(settings=ours, client=client, identity=getattr(memo, "identity", ""))
+    if ours.peering:
+        await peering.ensure_peering(client, ours.peering, ours.namespaces)
     memo.runtime.resync_task = asyncio.create_task(memo.runtime.resync_forever())
     if ours.metrics_port:
         memo.runtime.http = await metrics.start_http(ours.metrics_port)
-    logger.info("rljob operator started: namespaces=%s peering=%s metrics-port=%s",
-                list(ours.namespaces) or "all", ours.peering or "standalone", ours.metrics_port or "off")
+    logger.info("rljob operator started: namespaces=%s peering=%s priority=%s metrics-port=%s",
+                list(ours.namespaces) or "all", ours.peering or "standalone", ours.priority,
+                ours.metrics_port or "off")
 
 
 @kopf.on.cleanup()

@@ -104,7 +104,8 @@ def resource_path(api_version: str, plural: str, namespace: str | None = None, n
     return "/".join(parts)
 
 
-PLURALS = {"ConfigMap": "configmaps", "RayJob": "rayjobs", "RLJob": "rljobs", "Event": "events"}
+PLURALS = {"ConfigMap": "configmaps", "RayJob": "rayjobs", "RLJob": "rljobs", "Event": "events",
+           "ClusterKopfPeering": "clusterkopfpeerings", "KopfPeering": "kopfpeerings"}
 
 
 class KubeClient:

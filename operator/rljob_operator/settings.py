@@ -16,6 +16,8 @@ class Settings:
 
     namespaces: tuple[str, ...] = ()  # empty: every namespace (cluster-wide)
     peering: str | None = DEFAULT_PEERING  # None: standalone (no peering, for one replica)
+    priority: int | None = None  # peering priority; None: random per process (see peering.py)
+    peering_lifetime: int = 60  # seconds a keep-alive counts; a crashed replica is replaced after it
     metrics_port: int = 8080  # 0: no /metrics and /healthz endpoint
     resync_seconds: float = 60.0  # timer interval: level-based resync and progress reading
     verbose: bool = False
@@ -46,6 +48,12 @@ def parser() -> argparse.ArgumentParser:
     peer.add_argument("--standalone", action="store_true",
                       help="no peering: for a single replica or a cluster without kopf's peering CRD "
                            "(env RLJOB_STANDALONE=1)")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="peering priority: the live replica with the highest one is active (default: random "
+                        "per replica, so that equal priorities never pause them all; env RLJOB_PEERING_PRIORITY)")
+    p.add_argument("--peering-lifetime", type=int, metavar="S",
+                   help="seconds a replica's keep-alive counts: another replica takes over this long after "
+                        "the active one crashed (default 60; env RLJOB_PEERING_LIFETIME)")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="port of /metrics and /healthz (default 8080, 0 disables; env RLJOB_METRICS_PORT)")
     p.add_argument("--resync-seconds", type=float, metavar="S",
@@ -70,5 +78,22 @@ def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Set
     resync = args.resync_seconds if args.resync_seconds is not None else float(env.get("RLJOB_RESYNC_SECONDS", "60"))
     if resync <= 0:
         raise SystemExit("rljob operator: --resync-seconds must be > 0 (e.g. 60)")
-    return Settings(namespaces=namespaces, peering=peering, metrics_port=port, resync_seconds=resync,
-                    verbose=args.verbose)
+    priority = args.priority if args.priority is not None else _env_int(env, "RLJOB_PEERING_PRIORITY")
+    lifetime = args.peering_lifetime if args.peering_lifetime is not None else \
+        _env_int(env, "RLJOB_PEERING_LIFETIME") or 60
+    if lifetime < 2:
+        raise SystemExit("rljob operator: --peering-lifetime must be >= 2 seconds (keep-alives are sent every "
+                         "lifetime - 5..10 s, at least every second; e.g. 60)")
+    return Settings(namespaces=namespaces, peering=peering, priority=priority, peering_lifetime=lifetime,
+                    metrics_port=port, resync_seconds=resync, verbose=args.verbose)
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    value = env.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"rljob operator: {name}={value!r} is not an integer; set it to a whole number "
+                         f"or unset it") from None

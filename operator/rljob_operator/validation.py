@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from hybridflow.config import ConfigError, HybridFlowConfig, parse_config
 from pydantic import ValidationError
 
+from hybridflow.config import ConfigError, HybridFlowConfig, parse_config
 from rljob_operator import api, names
 from rljob_operator.builders import merged_config
 

@@ -3,64 +3,20 @@
 from __future__ import annotations
 
 import copy
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
 
 from tests.support.kube_emulator import KubeEmulator
+from tests.support.operator_proc import Operator, wait_for
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RLJ, RAY = "rl.hybridflow.dev/v1alpha1", "ray.io/v1"
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = 20.0) -> T:
-    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Operator:
-    """`python -m rljob_operator.main` pointed at the emulator through a kubeconfig."""
-
-    def __init__(self, kube: KubeEmulator, workdir: pathlib.Path) -> None:
-        self.kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig")
-        self.log = workdir / "operator.log"
-        self.metrics_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": str(ROOT)}
-        cmd = [sys.executable, "-m", "rljob_operator.main", "--standalone", "-A",
-               "--metrics-port", str(self.metrics_port), "--resync-seconds", "2"]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(15)
-            self.proc = None
 
 
 @pytest.fixture(scope="module")

@@ -109,12 +109,6 @@ class KubeEmulator:
             self.store.create(crd_type, None, doc)
             self.store.register_crd(doc)
 
-    def register_kopf_peering(self) -> None:
-        """Serve kopf's peering resources (kopf.dev/v1 KopfPeering and ClusterKopfPeering)."""
-        self.store.register(ResourceType("kopf.dev", "v1", "kopfpeerings", "KopfPeering"))
-        self.store.register(ResourceType("kopf.dev", "v1", "clusterkopfpeerings", "ClusterKopfPeering",
-                                         namespaced=False))
-
     def start(self) -> KubeEmulator:
         """Serve HTTP from a daemon thread; returns once the port is bound."""
         ready = threading.Event()
