@@ -11,7 +11,9 @@ Layout (verl's names where verl has them)::
 
 A step counts only when its commit marker matches its manifest and (when verified) every file matches
 the manifest. A crash at any moment therefore leaves either the previous committed step or the new
-one, never a half-written "latest".
+one, never a half-written "latest". On object storage the small files are single PUTs (atomic), every
+I/O retries transient errors (`hybridflow.storage`), and a storage outage raises instead of silently
+falling back to an older step.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
 import numpy as np
 import torch
 from fsspec.spec import AbstractFileSystem
+
+from hybridflow import storage
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 MANIFEST_FILE = "manifest.json"
@@ -43,8 +46,12 @@ class CheckpointError(RuntimeError):
 
 
 def _fs(root: str) -> tuple[AbstractFileSystem, str]:
-    fs, path = fsspec.core.url_to_fs(root)
+    fs, path = storage.open_fs(root)
     return fs, path.rstrip("/")
+
+
+def _uri(root: str, rel: str) -> str:
+    return f"{root.rstrip('/')}/{rel}"
 
 
 def step_dir(root: str, step: int) -> str:
@@ -59,16 +66,19 @@ def parse_step(path: str) -> int | None:
 
 
 def _sha256(fs: AbstractFileSystem, path: str) -> str:
-    digest = hashlib.sha256()
-    with fs.open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    def _digest() -> str:
+        digest = hashlib.sha256()
+        with fs.open(path, "rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    return storage.with_retries(_digest, f"checksumming {path}")
 
 
 def _payload_files(fs: AbstractFileSystem, path: str) -> dict[str, int]:
     """Map relative path -> size for every file in a step folder except the manifest and the marker."""
-    found = fs.find(path, detail=True)
+    found = storage.with_retries(lambda: fs.find(path, detail=True), f"listing {path}")
     files: dict[str, int] = {}
     for full, info in found.items():
         rel = full[len(path) :].lstrip("/")
@@ -92,15 +102,11 @@ def build_manifest(step_uri: str) -> dict[str, Any]:
 
 def commit_step(root: str, step: int) -> None:
     """Seal a fully written step: manifest, then commit marker, then the latest-iteration file."""
-    fs, root_path = _fs(root)
-    path = f"{root_path}/{STEP_PREFIX}{step}"
-    manifest_bytes = json.dumps(build_manifest(step_dir(root, step)), indent=1, sort_keys=True).encode()
-    with fs.open(f"{path}/{MANIFEST_FILE}", "wb") as handle:
-        handle.write(manifest_bytes)
-    with fs.open(f"{path}/{COMMIT_FILE}", "wb") as handle:
-        handle.write(hashlib.sha256(manifest_bytes).hexdigest().encode())
-    with fs.open(f"{root_path}/{LATEST_FILE}", "wb") as handle:
-        handle.write(str(step).encode())
+    uri = step_dir(root, step)
+    manifest_bytes = json.dumps(build_manifest(uri), indent=1, sort_keys=True).encode()
+    storage.write_bytes(_uri(uri, MANIFEST_FILE), manifest_bytes)
+    storage.write_bytes(_uri(uri, COMMIT_FILE), hashlib.sha256(manifest_bytes).hexdigest().encode())
+    storage.write_bytes(_uri(root, LATEST_FILE), str(step).encode())
 
 
 def verify_step(step_uri: str, *, deep: bool = True) -> str | None:
@@ -110,11 +116,11 @@ def verify_step(step_uri: str, *, deep: bool = True) -> str | None:
     """
     fs, path = _fs(step_uri)
     try:
-        marker = fs.cat_file(f"{path}/{COMMIT_FILE}").decode().strip()
+        marker = storage.read_bytes(_uri(step_uri, COMMIT_FILE)).decode().strip()
     except FileNotFoundError:
         return "no commit marker (the save did not finish)"
     try:
-        manifest_bytes = fs.cat_file(f"{path}/{MANIFEST_FILE}")
+        manifest_bytes = storage.read_bytes(_uri(step_uri, MANIFEST_FILE))
     except FileNotFoundError:
         return "commit marker without a manifest"
     if hashlib.sha256(manifest_bytes).hexdigest() != marker:
@@ -137,9 +143,10 @@ def verify_step(step_uri: str, *, deep: bool = True) -> str | None:
 def list_steps(root: str) -> list[int]:
     """Return the step numbers of all `global_step_N` folders under root (committed or not), ascending."""
     fs, path = _fs(root)
-    if not fs.exists(path):
+    if not storage.with_retries(lambda: fs.exists(path), f"checking {root}"):
         return []
-    steps = [parse_step(entry) for entry in fs.ls(path, detail=False)]
+    entries = storage.with_retries(lambda: fs.ls(path, detail=False), f"listing {root}")
+    steps = [parse_step(entry) for entry in entries]
     return sorted(step for step in steps if step is not None)
 
 
@@ -176,7 +183,8 @@ def apply_retention(root: str, keep: int | None, *, log: Any = None) -> list[int
     doomed = [s for s in steps if s not in kept and s < newest]
     fs, _ = _fs(root)
     for step in doomed:
-        fs.rm(_fs(step_dir(root, step))[1], recursive=True)
+        doomed_path = _fs(step_dir(root, step))[1]
+        storage.with_retries(lambda p=doomed_path: fs.rm(p, recursive=True), f"removing {doomed_path}")
         if log is not None:
             log(f"checkpoint retention: removed {step_dir(root, step)}")
     return doomed
@@ -230,17 +238,13 @@ class TrainerState:
 
 def save_trainer_state(step_uri: str, state: TrainerState) -> None:
     """Write the trainer state as JSON into a step folder (before the step is committed)."""
-    fs, path = _fs(step_uri)
-    fs.makedirs(path, exist_ok=True)
-    with fs.open(f"{path}/{TRAINER_STATE_FILE}", "wb") as handle:
-        handle.write(json.dumps(state.__dict__).encode())
+    storage.write_bytes(_uri(step_uri, TRAINER_STATE_FILE), json.dumps(state.__dict__).encode())
 
 
 def load_trainer_state(step_uri: str) -> TrainerState:
     """Read the trainer state of a step folder."""
-    fs, path = _fs(step_uri)
     try:
-        raw = json.loads(fs.cat_file(f"{path}/{TRAINER_STATE_FILE}"))
+        raw = json.loads(storage.read_bytes(_uri(step_uri, TRAINER_STATE_FILE)))
     except FileNotFoundError as exc:
         raise CheckpointError(
             f"{step_uri} has no {TRAINER_STATE_FILE}; it was not written by this trainer. "
