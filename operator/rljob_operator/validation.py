@@ -122,9 +122,20 @@ def _check_config(config: dict[str, Any], report: ValidationReport) -> HybridFlo
         parsed = parse_config(config)
         parsed.validate_for_run()
     except ConfigError as err:
-        report.errors.extend(f"spec.config.{p}" for p in err.problems)
+        report.errors.extend(_yaml11_hint(f"spec.config.{p}") for p in err.problems)
         return None
     return parsed
+
+
+_BOOLEAN_KEY = re.compile(r"\.(true|false): unknown key")
+
+
+def _yaml11_hint(problem: str) -> str:
+    """Explain keys named true/false: kubectl reads YAML 1.1, where an unquoted `n:` or `y:` is a boolean."""
+    if not _BOOLEAN_KEY.search(problem):
+        return problem
+    return (f"{problem}. kubectl and other YAML 1.1 readers turn an unquoted key n, y, no, yes, on or off "
+            f"into a boolean (verl's rollout.n is the usual victim): quote it in the manifest, e.g. \"n\": 4")
 
 
 def _check_metadata(rljob: api.RLJob, report: ValidationReport) -> None:

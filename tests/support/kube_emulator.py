@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import functools
 import json
 import pathlib
@@ -64,6 +65,65 @@ def _version_priority(version: str) -> tuple[int, int, int]:
     if not m:
         return (-1, 0, 0)
     return (int(m.group(1)), {"alpha": 0, "beta": 1, None: 2}[m.group(2)], int(m.group(3) or 0))
+
+
+_NAME_COLUMN = {"name": "Name", "type": "string", "format": "name", "priority": 0,
+                "description": "Name must be unique within a namespace."}
+_AGE_COLUMN = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp",
+               "description": "When the object was created."}
+
+
+def _wants_table(request: aiohttp.web.Request) -> bool:
+    """kubectl asks for server-side printing with `Accept: application/json;as=Table;v=v1;g=meta.k8s.io`."""
+    return "as=Table" in request.headers.get("Accept", "")
+
+
+def _json_path(obj: Any, path: str) -> Any:
+    """The value at a simple JSONPath such as `.status.progress.step` (what printer columns use); None if absent."""
+    for part in path.strip().lstrip(".").split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def _age(stamp: Any, now: datetime.datetime) -> str:
+    """A creationTimestamp as kubectl shows ages (`45s`, `3m12s`, `2h`, `4d`), as the API server's Table does."""
+    try:
+        then = datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return "<unknown>"
+    s = max(0, int((now - then).total_seconds()))
+    m, h, d = s // 60, s // 3600, s // 86400
+    if s < 120:
+        return f"{s}s"
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if h < 3:
+        return f"{m}m"
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    if d < 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    return f"{d}d" if d < 730 else f"{d // 365}y"
+
+
+def _table(rt: ResourceType, items: list[Obj], rv: int) -> Obj:
+    """A meta.k8s.io/v1 Table like the API server's for CRDs: Name, then the printer columns (or Age)."""
+    columns = [dict(c) for c in rt.printer_columns] or [_AGE_COLUMN]
+    definitions = [_NAME_COLUMN] + [{"name": c["name"], "type": c.get("type", "string"), "format": c.get("format", ""),
+                                     "description": c.get("description", ""), "priority": c.get("priority", 0)}
+                                    for c in columns]
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cell(item: Obj, column: Obj) -> Any:
+        value = _json_path(item, column["jsonPath"])
+        return _age(value, now) if column.get("type") == "date" and value is not None else value
+
+    rows = [{"cells": [item["metadata"]["name"]] + [cell(item, c) for c in columns], "object": item}
+            for item in items]
+    return {"apiVersion": "meta.k8s.io/v1", "kind": "Table", "metadata": {"resourceVersion": str(rv)},
+            "columnDefinitions": definitions, "rows": rows}
 
 
 class KubeEmulator:
@@ -262,6 +322,8 @@ class KubeEmulator:
             if verb == "watch":
                 return await self._watch(request, rt, namespace)
             items, rv = self.store.list(rt, namespace, q.get("labelSelector"), q.get("fieldSelector"))
+            if _wants_table(request):
+                return aiohttp.web.json_response(_table(rt, items, rv))
             return aiohttp.web.json_response({"apiVersion": rt.api_version, "kind": f"{rt.kind}List",
                                               "metadata": {"resourceVersion": str(rv)}, "items": items})
         body: Any = None
@@ -273,7 +335,10 @@ class KubeEmulator:
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {request.path}")
         self.request_counts[(verb, rt.plural)] += 1
         if verb == "get":
-            return aiohttp.web.json_response(self.store.get(rt, namespace, name or ""))
+            obj = self.store.get(rt, namespace, name or "")
+            if _wants_table(request):
+                return aiohttp.web.json_response(_table(rt, [obj], int(obj["metadata"]["resourceVersion"])))
+            return aiohttp.web.json_response(obj)
         if verb == "create":
             obj = self.store.create(rt, namespace, body, dry_run=dry_run, strict=strict)
             self._after_write(rt, obj, dry_run)

@@ -55,6 +55,8 @@ class ResourceType:
     categories: tuple[str, ...] = ()
     status_subresource: bool = False
     checker: SchemaChecker | None = field(default=None, repr=False)
+    #: The CRD version's additionalPrinterColumns (served as a Table to `kubectl get`).
+    printer_columns: tuple[Obj, ...] = ()
 
     @property
     def api_version(self) -> str:
@@ -184,7 +186,8 @@ class Store:
                 singular=names.get("singular", names["kind"].lower()),
                 short_names=tuple(names.get("shortNames", [])), categories=tuple(names.get("categories", [])),
                 status_subresource="status" in (ver.get("subresources") or {}),
-                checker=SchemaChecker(schema) if schema else None)
+                checker=SchemaChecker(schema) if schema else None,
+                printer_columns=tuple(ver.get("additionalPrinterColumns") or ()))
             self.register(rt)
             served.append(rt)
         return served

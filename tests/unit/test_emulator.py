@@ -198,3 +198,20 @@ def test_rayjob_schema_from_kuberay(kube: KubeEmulator) -> None:
     assert call(kube, "POST", RAYJOBS, ok)[0] == 201
     kube.patch_status("ray.io/v1", "rayjobs", "r", {"jobDeploymentStatus": "Running"})
     assert kube.get("ray.io/v1", "rayjobs", "r")["status"]["jobDeploymentStatus"] == "Running"
+
+
+def test_table_output_from_printer_columns(kube: KubeEmulator) -> None:
+    """`kubectl get` asks for a Table; the emulator builds it from the CRD's additionalPrinterColumns."""
+    kube.create("rl.hybridflow.dev/v1alpha1", "rljobs", rljob("t"), "default")
+    kube.patch_status("rl.hybridflow.dev/v1alpha1", "rljobs", "t", {"phase": "Running", "attempt": 2,
+                                                                     "progress": {"step": 7}})
+    req = urllib.request.Request(kube.url + RLJOBS, headers={
+        "Accept": "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        table = json.loads(resp.read())
+    assert table["kind"] == "Table"
+    assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Phase", "Step", "Total", "Reward",
+                                                              "Attempt", "Age"]
+    (row,) = table["rows"]
+    assert row["cells"][:6] == ["t", "Running", 7, None, None, 2] and row["cells"][6].endswith("s")
+    assert call(kube, "GET", RLJOBS)[1]["kind"] == "RLJobList"  # plain JSON without the Accept header
