@@ -286,7 +286,9 @@ class RayPPOTrainer:
     def _sync_rollout_weights(self) -> None:
         """Split placement: ship the actor's weights to the separate rollout group (colocated: no-op)."""
         if self.workers.rollout is not None:
-            self.workers.actor_rollout.sync_weights_to(self.workers.rollout)
+            from hybridflow.workers.weight_sync import sync_weights
+
+            sync_weights(self.workers.actor_rollout, self.workers.rollout)
 
     def validate(self) -> dict[str, float]:
         """Greedy (val_kwargs) generation on the whole validation set; mean score per data source."""
@@ -347,6 +349,7 @@ class RayPPOTrainer:
         self.workers.actor_rollout.load_checkpoint(f"{step_uri}/actor")
         if self.use_critic:
             self.workers.critic.load_checkpoint(f"{step_uri}/critic")
+        self._sync_rollout_weights()
         self.train_dataloader.load_state_dict(state.dataloader)
         ck.restore_rng_state(state.rng)
         if self.kl_ctrl is not None and "kl_ctrl" in state.extra:
