@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.controller.decorator import (
     Dispatch,
     Execute,
@@ -69,6 +70,16 @@ def test_dp_compute_proto_roundtrip_pads_and_unpads(n: int, world: int) -> None:
     assert len(merged) == n
     assert torch.equal(merged.batch["y"], batch.batch["x"] * 2)
     assert list(merged.non_tensor_batch["uid"]) == list(batch.non_tensor_batch["uid"])
+
+
+def test_dp_collect_unpads_outputs_with_several_rows_per_input() -> None:
+    batch = make_batch(3)
+    planned = dispatch(Dispatch.DP_COMPUTE_PROTO, 2, batch)  # padded to 4: chunks of 2
+    outputs = [a[0].repeat(2, interleave=True) for a in planned.args]  # n=2 samples per row
+    merged = collect(Dispatch.DP_COMPUTE_PROTO, outputs, planned.context)
+    assert list(merged.non_tensor_batch["uid"]) == ["u0", "u0", "u1", "u1", "u2", "u2"]
+    with pytest.raises(ValueError, match="same whole multiple"):
+        collect(Dispatch.DP_COMPUTE_PROTO, [outputs[0], outputs[1][:1]], planned.context)
 
 
 def test_dp_compute_proto_splits_keyword_dataproto_too() -> None:

@@ -160,7 +160,8 @@ def dispatch_dp_compute_proto(world_size: int, *args: Any, **kwargs: Any) -> Dis
     split_kwargs = {k: split(v) for k, v in kwargs.items()}
     per_args = [tuple(a[i] for a in split_args) for i in range(world_size)]
     per_kwargs = [{k: v[i] for k, v in split_kwargs.items()} for i in range(world_size)]
-    return DispatchResult(args=per_args, kwargs=per_kwargs, context={"pad_size": pad})
+    chunk_len = (lengths.pop() + pad) // world_size
+    return DispatchResult(args=per_args, kwargs=per_kwargs, context={"pad_size": pad, "chunk_len": chunk_len})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -192,9 +193,21 @@ def collect_dp_compute_proto(outputs: list[Any], context: dict[str, Any]) -> Any
             f"DP_COMPUTE_PROTO collect: every rank must return a DataProto, got {kinds}; "
             "make the worker method return a DataProto (or register it with Dispatch.ONE_TO_ALL)"
         )
+    pad = context.get("pad_size", 0)
+    chunk_len = context.get("chunk_len")
+    if pad and chunk_len:
+        # A method may return k rows per input row (e.g. generate with n samples per prompt, repeated
+        # interleaved): the padding rows' outputs are then the last pad * k rows.
+        ratios = {len(o) / chunk_len for o in outputs}
+        if len(ratios) != 1 or not float(next(iter(ratios))).is_integer():
+            raise ValueError(
+                f"DP_COMPUTE_PROTO collect: ranks returned {[len(o) for o in outputs]} rows for {chunk_len} "
+                "input rows each; a worker method must return the same whole multiple of its input rows"
+            )
+        pad *= int(ratios.pop())
     merged = DataProto.concat(outputs)
     # DataProto.concat merges meta_info: equal values once, `metrics` gathered into per-rank lists.
-    return unpad_dataproto(merged, pad_size=context.get("pad_size", 0))
+    return unpad_dataproto(merged, pad_size=pad)
 
 
 DISPATCH_FNS: dict[Dispatch, Callable[..., DispatchResult]] = {

@@ -55,7 +55,12 @@ class Worker:
         return self._world_size
 
     def init_distributed(self, backend: str) -> None:
-        """Join the group's torch.distributed process group (`gloo` on CPU, `nccl` on GPU); idempotent."""
+        """Join the group's torch.distributed process group (`gloo` on CPU, `nccl` on GPU); idempotent.
+
+        Call it from a group method (e.g. `init_model`), never from `__init__`: the group creates rank 0
+        and waits for its `__init__` to finish before creating the other ranks, so a rendezvous in
+        `__init__` would wait forever.
+        """
         import torch.distributed as dist
 
         if dist.is_initialized():

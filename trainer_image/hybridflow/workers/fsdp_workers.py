@@ -1,0 +1,289 @@
+"""Ray worker classes around the FSDP engines and the rollout engine (thin: set-up and dispatch only).
+
+- `ActorRolloutRefWorker(config, role)`: role is any of `actor_rollout_ref`, `actor_rollout`,
+  `actor_ref`, `actor`, `rollout`, `ref`. With actor and rollout in one process (colocated, verl's
+  hybrid engine) the rollout gets the actor's full weights after every `update_actor` and
+  `load_checkpoint`. A `rollout`-only group (split placement) gets weights from
+  `hybridflow.workers.weight_sync.sync_weights(actor_wg, rollout_wg)`, which the trainer calls after
+  each update.
+- `CriticWorker(config)`: value model (`AutoModelForTokenClassification`, 1 label).
+
+Batches: `generate_sequences` expects one row per sample (the trainer repeats prompts n times,
+interleaved, before calling) unless `prompts.meta_info["n"]` asks this worker to repeat them.
+Checkpoints (`save_checkpoint(dir_uri)` / `load_checkpoint(dir_uri)`): full, world-size-independent
+state dicts gathered collectively on all ranks; rank 0 writes `model.pt`, `optimizer.pt` and
+`extra_state.pt` (lr scheduler) under `dir_uri` through fsspec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hybridflow.config import HybridFlowConfig, parse_config
+from hybridflow.controller import Dispatch, Worker, register
+from hybridflow.engines.actor import PPOActor
+from hybridflow.engines.critic import PPOCritic
+from hybridflow.engines.fsdp_engine import FSDPEngine
+from hybridflow.protocol import DataProto
+from hybridflow.workers.ckpt_io import load_engine_checkpoint, save_engine_checkpoint
+
+ROLES = {
+    "actor_rollout_ref": {"actor", "rollout", "ref"},
+    "actor_rollout": {"actor", "rollout"},
+    "actor_ref": {"actor", "ref"},
+    "actor": {"actor"},
+    "rollout": {"rollout"},
+    "ref": {"ref"},
+}
+
+
+def as_config(config: HybridFlowConfig | dict[str, Any]) -> HybridFlowConfig:
+    """Accept the parsed config or its plain-dict form (what crosses process boundaries)."""
+    return config if isinstance(config, HybridFlowConfig) else parse_config(config)
+
+
+def per_rank(total: int, world_size: int, what: str) -> int:
+    """Rows per rank of a global batch size, with an actionable error when it does not divide."""
+    if total % world_size != 0 or total < world_size:
+        raise ValueError(
+            f"{what}={total} (responses) does not split over {world_size} data-parallel ranks; "
+            f"make it a multiple of {world_size} (trainer.nnodes x trainer.n_gpus_per_node)"
+        )
+    return total // world_size
+
+
+class _DistributedWorker(Worker):
+    """Shared set-up: config, device, torch.distributed (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self, config: HybridFlowConfig | dict[str, Any]) -> None:
+        super().__init__()
+        self.config = as_config(config)
+        self.device = self.config.trainer.device
+        if self.device == "cpu":
+            # Several actors share few cores: one intra-op thread each avoids oversubscription.
+            torch.set_num_threads(1)
+
+    def _setup_distributed(self) -> None:
+        """Join the group's process group; called from init_model, never __init__ (see Worker)."""
+        if self.world_size > 1:
+            self.init_distributed("nccl" if self.device == "cuda" else "gloo")
+
+
+class ActorRolloutRefWorker(_DistributedWorker):
+    """Actor (FSDP2 + optimizer), rollout (HF generate) and reference policy, by role."""
+
+    def __init__(self, config: HybridFlowConfig | dict[str, Any], role: str = "actor_rollout_ref") -> None:
+        if role not in ROLES:
+            raise ValueError(f"unknown worker role {role!r}; choose one of {sorted(ROLES)}")
+        super().__init__(config)
+        self.role = role
+        self.roles = ROLES[role]
+        self.actor: PPOActor | None = None
+        self.ref: PPOActor | None = None
+        self.rollout: Any = None
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the engines of this worker's roles (loads the model folder on every rank)."""
+        self._setup_distributed()
+        arr = self.config.actor_rollout_ref
+        path = arr.model.path
+        if not path:
+            raise ValueError("actor_rollout_ref.model.path is not set; point it at a Hugging Face model folder")
+        seed = self.config.trainer.seed
+        if "actor" in self.roles:
+            actor_cfg = arr.actor
+            if actor_cfg.use_dynamic_bsz:
+                raise ValueError(
+                    "actor_rollout_ref.actor.use_dynamic_bsz=true is not supported by the FSDP engine yet; "
+                    "set it to false and size micro-batches with ppo_micro_batch_size_per_gpu"
+                )
+            total = actor_cfg.optim.total_training_steps
+            engine = FSDPEngine(
+                path,
+                device=self.device,
+                model_config=arr.model,
+                fsdp_config=actor_cfg.fsdp_config,
+                optim_config=actor_cfg.optim,
+                total_steps=total if total and total > 0 else None,
+                grad_clip=actor_cfg.grad_clip,
+                seed=seed,
+            )
+            self.actor = PPOActor(engine, actor_cfg, seed=seed)
+        if "ref" in self.roles:
+            engine = FSDPEngine(path, device=self.device, model_config=arr.model, fsdp_config=arr.ref.fsdp_config)
+            self.ref = PPOActor(engine, arr.actor, seed=seed)
+        if "rollout" in self.roles:
+            self.rollout = self._build_rollout(path)
+            self._sync_rollout()
+
+    def _build_rollout(self, path: str) -> Any:
+        from hybridflow.rollout import get_rollout_cls
+
+        ro = self.config.actor_rollout_ref.rollout
+        resp_len = ro.response_length or self.config.data.max_response_length
+        cls = get_rollout_cls(ro.name)
+        device = "cuda" if self.device == "cuda" else "cpu"
+        return cls(path, config=ro, device=device, response_length=resp_len)
+
+    def _sync_rollout(self) -> None:
+        """Colocated: push the actor's full weights into this process's rollout engine (a collective)."""
+        if self.rollout is not None and self.actor is not None:
+            self.rollout.load_weights(self.actor.engine.full_state_dict().items())
+
+    def _temperature(self, data: DataProto) -> None:
+        data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Responses for this rank's prompts; meta_info: do_sample, temperature, top_p, top_k, n, validate."""
+        if self.rollout is None:
+            raise RuntimeError(f"generate_sequences on a worker with role {self.role!r}, which has no rollout")
+        meta = prompts.meta_info
+        if meta.get("validate"):
+            val = self.config.actor_rollout_ref.rollout.val_kwargs
+            for key in ("do_sample", "temperature", "top_p", "top_k"):
+                meta.setdefault(key, getattr(val, key))
+        n = int(meta.get("n", 1))
+        if n > 1:
+            prompts = prompts.repeat(n, interleave=True)
+        return self.rollout.generate(prompts)
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """Old log-probs and entropies of the responses under the current actor."""
+        if self.actor is None:
+            raise RuntimeError(f"compute_log_prob on a worker with role {self.role!r}, which has no actor")
+        self._temperature(data)
+        micro = self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
+        log_probs, entropys = self.actor.compute_log_prob(data, micro, calculate_entropy=True)
+        return DataProto.from_dict(
+            tensors={"old_log_probs": log_probs, "entropys": entropys},
+            meta_info={"temperature": data.meta_info["temperature"]},
+        )
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """Log-probs of the responses under the frozen reference policy."""
+        if self.ref is None:
+            raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r}, which has no ref")
+        self._temperature(data)
+        micro = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        log_probs, _ = self.ref.compute_log_prob(data, micro)
+        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO update on this rank's rows, then the colocated rollout gets the new weights."""
+        if self.actor is None:
+            raise RuntimeError(f"update_actor on a worker with role {self.role!r}, which has no actor")
+        self._temperature(data)
+        arr = self.config.actor_rollout_ref
+        mini = per_rank(arr.actor.ppo_mini_batch_size * arr.rollout.n, self.world_size, "actor.ppo_mini_batch_size x rollout.n")
+        metrics = self.actor.update_policy(data, mini, arr.actor.ppo_micro_batch_size_per_gpu)
+        self._sync_rollout()
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def full_state_dict_rank0(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights on CPU at rank 0 ({} elsewhere); a collective, for split weight sync."""
+        if self.actor is None:
+            raise RuntimeError(f"role {self.role!r} has no actor weights to export")
+        return self.actor.engine.full_state_dict(rank0_only=True)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def update_rollout_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load weights shipped through Ray's object store into this worker's rollout engine."""
+        if self.rollout is None:
+            raise RuntimeError(f"role {self.role!r} has no rollout engine to load weights into")
+        self.rollout.load_weights(state_dict.items())
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, dir_uri: str) -> None:
+        """Write the actor (model, optimizer, scheduler) under `dir_uri`; all ranks take part."""
+        if self.actor is None:
+            raise RuntimeError(f"save_checkpoint on a worker with role {self.role!r}, which has no actor")
+        save_engine_checkpoint(self.actor.engine, dir_uri, self.config.actor_rollout_ref.actor.checkpoint.save_contents)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, dir_uri: str) -> None:
+        """Restore the actor from `dir_uri` (any world size wrote it) and refresh the rollout."""
+        if self.actor is None:
+            raise RuntimeError(f"load_checkpoint on a worker with role {self.role!r}, which has no actor")
+        load_engine_checkpoint(self.actor.engine, dir_uri, self.config.actor_rollout_ref.actor.checkpoint.load_contents)
+        self._sync_rollout()
+
+
+class CriticWorker(_DistributedWorker):
+    """PPO critic: value model on FSDP2 with its own optimizer."""
+
+    def __init__(self, config: HybridFlowConfig | dict[str, Any]) -> None:
+        super().__init__(config)
+        self.critic: PPOCritic | None = None
+
+    def _settings(self) -> dict[str, Any]:
+        """The critic's effective batch settings (null fields fall back to the actor's, as in verl)."""
+        c, a = self.config.critic, self.config.actor_rollout_ref.actor
+        return {
+            "loss_agg_mode": c.loss_agg_mode or a.loss_agg_mode,
+            "ppo_epochs": c.ppo_epochs or a.ppo_epochs,
+            "shuffle": a.shuffle if c.shuffle is None else c.shuffle,
+            "cliprange_value": c.cliprange_value,
+            "ppo_mini_batch_size": c.ppo_mini_batch_size or a.ppo_mini_batch_size,
+        }
+
+    @register(Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the value model (from critic.model.path, else the policy's) and its optimizer."""
+        self._setup_distributed()
+        c = self.config.critic
+        path = c.model.path or self.config.actor_rollout_ref.model.path
+        if not path:
+            raise ValueError("critic.model.path and actor_rollout_ref.model.path are both unset; set one")
+        if c.use_dynamic_bsz:
+            raise ValueError("critic.use_dynamic_bsz=true is not supported yet; set it to false")
+        total = c.optim.total_training_steps
+        engine = FSDPEngine(
+            path,
+            kind="value",
+            device=self.device,
+            model_config=c.model,
+            fsdp_config=c.model.fsdp_config,
+            optim_config=c.optim,
+            total_steps=total if total and total > 0 else None,
+            grad_clip=c.grad_clip,
+            seed=self.config.trainer.seed,
+        )
+        self.critic = PPOCritic(engine, self._settings(), seed=self.config.trainer.seed)
+
+    def _require(self) -> PPOCritic:
+        if self.critic is None:
+            raise RuntimeError("call init_model on the critic group first")
+        return self.critic
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """Values (b, R) of the response positions."""
+        values = self._require().compute_values(data, self.config.critic.ppo_micro_batch_size_per_gpu)
+        return DataProto.from_dict(tensors={"values": values})
+
+    @register(Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """Clipped value-loss update on this rank's rows; metrics in meta_info."""
+        s = self._settings()
+        n = self.config.actor_rollout_ref.rollout.n
+        mini = per_rank(s["ppo_mini_batch_size"] * n, self.world_size, "critic.ppo_mini_batch_size x rollout.n")
+        metrics = self._require().update_critic(data, mini, self.config.critic.ppo_micro_batch_size_per_gpu)
+        return DataProto(meta_info={"metrics": metrics})
+
+    @register(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, dir_uri: str) -> None:
+        """Write the critic under `dir_uri`; all ranks take part."""
+        save_engine_checkpoint(self._require().engine, dir_uri, self.config.critic.checkpoint.save_contents)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, dir_uri: str) -> None:
+        """Restore the critic from `dir_uri` (any world size wrote it)."""
+        load_engine_checkpoint(self._require().engine, dir_uri, self.config.critic.checkpoint.load_contents)
