@@ -2,6 +2,9 @@
 
 Metric names follow verl (`critic/score/mean`, `actor/pg_loss`, `actor/entropy`, `actor/ppo_kl`,
 `response_length/mean`, `perf/throughput`, `timing_s/gen`, ...), so dashboards built for verl work.
+Two more backends come with the run's storage and the operator: `prometheus` (the driver's metrics
+endpoint, also switched on by $HYBRIDFLOW_METRICS_PORT) and the progress record `progress.json` beside the
+checkpoints (always on when the run has a checkpoint folder).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Protocol, TextIO
 
 import fsspec
 
-BACKENDS = ("console", "file", "tensorboard", "wandb")
+BACKENDS = ("console", "file", "tensorboard", "wandb", "prometheus")
 FILE_LOGGER_ENV = "HYBRIDFLOW_FILE_LOGGER_PATH"
 METRICS_FILE = "metrics.jsonl"
 
@@ -218,6 +221,17 @@ class Tracking:
             wandb_logger = WandbLogger(project_name, experiment_name, config, wandb_run_id)
             self.wandb_run_id = wandb_logger.run_id
             self.loggers["wandb"] = wandb_logger
+        if "prometheus" in backends or os.environ.get("HYBRIDFLOW_METRICS_PORT"):
+            from hybridflow.prometheus import PrometheusLogger, resolve_port
+
+            port = resolve_port(((config or {}).get("trainer") or {}).get("metrics_port"))
+            self.loggers["prometheus"] = PrometheusLogger(port, total_steps=total_steps)
+        if default_local_dir:
+            from hybridflow.progress import ProgressLogger
+
+            self.loggers["progress"] = ProgressLogger(
+                default_local_dir, total_steps=total_steps, wandb_run_id=self.wandb_run_id
+            )
 
     @property
     def file_path(self) -> str | None:
@@ -230,6 +244,13 @@ class Tracking:
         scalars = to_scalars(data)
         for logger in self.loggers.values():
             logger.log(scalars, step)
+
+    def checkpoint_saved(self, step: int, uri: str) -> None:
+        """Tell the backends that follow checkpoints (progress record, Prometheus) that `step` is committed."""
+        for logger in self.loggers.values():
+            notify = getattr(logger, "checkpoint_saved", None)
+            if notify is not None:
+                notify(step, uri)
 
     def finish(self) -> None:
         """Flush and close every backend."""

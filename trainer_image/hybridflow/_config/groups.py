@@ -170,6 +170,14 @@ class TrainerConfig(Section):
         default=None,
         description="Accepted for verl compatibility and must stay null: use an s3:// or gs:// default_local_dir.",
     )
+    metrics_port: int = Field(
+        default=8000,
+        ge=0,
+        le=65535,
+        description="HybridFlow addition (not in verl): port of the driver's Prometheus endpoint, served when "
+        "trainer.logger includes prometheus or $HYBRIDFLOW_METRICS_PORT is set (the variable wins; the operator "
+        "sets it). 0 picks any free port.",
+    )
     max_actor_ckpt_to_keep: int | None = Field(
         default=None, gt=0, description="Keep only the newest N actor checkpoints; null keeps all."
     )

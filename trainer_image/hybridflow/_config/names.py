@@ -16,7 +16,7 @@ PolicyLoss = Literal["vanilla", "gspo", "gpg", "cispo"]
 KlPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 RolloutName = Literal["vllm", "sglang", "hf"]
-LoggerName = Literal["console", "file", "tensorboard", "wandb"]
+LoggerName = Literal["console", "file", "tensorboard", "wandb", "prometheus"]
 RewardManager = Literal["naive", "dapo", "batch"]
 FilterGroupMetric = Literal["acc", "score", "seq_reward", "seq_final_reward"]
 
