@@ -37,6 +37,7 @@ COMMANDS: dict[str, Command] = {
     "validate": Command("check RLJob manifests (schema, trainer config, cluster fit)", f"{__name__}:validate_main"),
     "render": Command("print the ConfigMap and RayJob an RLJob becomes (nothing is applied)", f"{__name__}:render_main"),
     "operator": Command("run the RLJob operator (kopf); see `rljob operator --help`", "rljob_operator.main:run"),
+    "run": Command("run an RLJob's trainer on this machine, as its RayJob would", "rljob_operator.localrun:run_main"),
 }
 
 
