@@ -101,8 +101,8 @@ class TrainerMetrics:
         """Update every gauge from one step's verl metrics."""
         self._g(self.step).set(step)
         self._g(self.last_step_time).set(self.clock())
-        for key, value in summarize_metrics(data).items():
-            self._g(self.summary[key]).set(value)
+        for name, summary in summarize_metrics(data).items():
+            self._g(self.summary[name]).set(summary)
         for key, value in data.items():
             if value is None:
                 continue
