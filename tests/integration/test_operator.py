@@ -100,6 +100,7 @@ def test_failures_retry_with_resume_then_give_up(kube: KubeEmulator, operator: O
     assert (failed["status"], failed["reason"], failed["message"]) == ("True", "AppFailed", "NCCL timeout")
     time.sleep(1)
     assert kube.find(RAY, "rayjobs", "flaky-a3") is None  # attempts = 1 + backoffLimit
+    wait_for(lambda: any(e["reason"] == "Failed" for e in events_for(kube, "flaky")), "Failed Event")
     reasons = [e["reason"] for e in events_for(kube, "flaky")]
     assert reasons.count("AttemptStarted") == 2 and "AttemptFailed" in reasons and "Failed" in reasons
 
@@ -120,7 +121,9 @@ def test_invalid_specs_get_a_clear_message_and_no_children(kube: KubeEmulator, o
         wait_for(phase_is(kube, name, "Invalid"), f"{name}: phase Invalid")
         validated = condition(kube, name, "Validated")
         assert validated["status"] == "False" and needle in validated["message"], validated
-        warnings = [e for e in events_for(kube, name) if e["reason"] == "InvalidSpec"]
+        # The status is written first, then the Event is posted: wait for it rather than race it.
+        warnings = wait_for(lambda n=name: [e for e in events_for(kube, n) if e["reason"] == "InvalidSpec"],
+                            f"{name}: InvalidSpec Event")
         assert len(warnings) == 1 and needle in warnings[0]["message"]
     time.sleep(3)  # a resync (2 s) later: still nothing scheduled, no repeated Event
     for name in BAD:
@@ -217,7 +220,8 @@ def test_spec_edits_while_running(kube: KubeEmulator, operator: Operator) -> Non
     kube.patch(RLJ, "rljobs", "edit", {"spec": {"checkpoint": {"uri": "file:///tmp/elsewhere"}}})  # refused
     wait_for(lambda: condition(kube, "edit", "SpecApplied").get("reason") == "CheckpointChangeRefused",
              "SpecApplied=False CheckpointChangeRefused")
-    refused = [e for e in events_for(kube, "edit") if e["reason"] == "SpecChangeRefused"]
+    refused = wait_for(lambda: [e for e in events_for(kube, "edit") if e["reason"] == "SpecChangeRefused"],
+                       "SpecChangeRefused Event")
     assert len(refused) == 1 and refused[0]["type"] == "Warning" and "file:///tmp/elsewhere" in refused[0]["message"]
     kuberay(kube, "edit-a2", "Failed", "FAILED", reason="AppFailed", message="preempted")
     third = wait_for(lambda: kube.find(RAY, "rayjobs", "edit-a3"), "RayJob edit-a3 (retry)")
