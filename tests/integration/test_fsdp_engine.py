@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+
 from hybridflow.config import ActorConfig, CriticConfig, OptimConfig
 from hybridflow.controller.worker import find_free_port
 from hybridflow.engines.actor import PPOActor

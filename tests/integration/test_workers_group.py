@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.controller import (
     Dispatch,
     Execute,

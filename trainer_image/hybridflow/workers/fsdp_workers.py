@@ -17,6 +17,7 @@ state dicts gathered collectively on all ranks; rank 0 writes `model.pt`, `optim
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -62,8 +63,9 @@ class _DistributedWorker(Worker):
         self.config = as_config(config)
         self.device = self.config.trainer.device
         if self.device == "cpu":
-            # Several actors share few cores: one intra-op thread each avoids oversubscription.
-            torch.set_num_threads(1)
+            # Ray sets OMP_NUM_THREADS from the actor's CPU share (1 for fractions): follow it, so
+            # several actors sharing few cores do not oversubscribe them.
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
 
     def _setup_distributed(self) -> None:
         """Join the group's process group; called from init_model, never __init__ (see Worker)."""
