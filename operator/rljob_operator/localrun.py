@@ -5,6 +5,9 @@ create (`build_configmap` for the trainer config, `build_rayjob` for the entrypo
 and only the pod-specific parts are made local: the mounted config path becomes `<workdir>/config.yaml`
 and `python` becomes the current interpreter. So `rljob run` and `kubectl apply` cannot drift apart.
 Extra `key=value` arguments are appended after the entrypoint's own overrides (verl's CLI: last wins).
+Environment variables already set in the caller's environment win over the pod's literal values, so a
+local run can still be adjusted (e.g. `HYBRIDFLOW_METRICS_PORT=0` when port 8000 is taken); every
+such replacement is reported.
 
 Signals: the trainer runs in its own process group, so a terminal's Ctrl-C reaches only `rljob`, which
 decides what to forward. SIGTERM is forwarded as is (the trainer finishes its step, saves a checkpoint
@@ -98,6 +101,10 @@ def _local_env(
         name = var["name"]
         if "value" in var:
             env[name] = str(var["value"])
+            if environ.get(name, env[name]) != env[name]:
+                # Local tweaks (e.g. HYBRIDFLOW_METRICS_PORT=0 when port 8000 is taken) stay possible.
+                notes.append(f"{name}: your environment's {environ[name]!r} replaces the pod's {env[name]!r}")
+                env[name] = environ[name]
             continue
         source = var.get("valueFrom", {})
         if source.get("fieldRef", {}).get("fieldPath") == "metadata.namespace":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -134,6 +135,13 @@ def test_secret_env_present_locally_is_kept_from_the_environment() -> None:
     )
     assert "TOKEN" not in run.env  # inherited from the environment, not overwritten
     assert any("using your environment's value" in n for n in run.notes)
+
+
+def test_environment_values_replace_the_pods_literal_values_with_a_note() -> None:
+    environ = {"HYBRIDFLOW_METRICS_PORT": "0", "RLJOB_NAME": "tiny-grpo"}
+    run = localrun.build_local_run(api.RLJob.model_validate(_job()), Path("/w"), python="py", environ=environ)
+    assert run.env["HYBRIDFLOW_METRICS_PORT"] == "0" and run.env["RLJOB_NAME"] == "tiny-grpo"
+    assert run.notes == ["HYBRIDFLOW_METRICS_PORT: your environment's '0' replaces the pod's '8000'"]
 
 
 def test_without_checkpoint_uri_the_configs_default_local_dir_is_used() -> None:
@@ -272,6 +280,8 @@ def test_example_has_the_same_trainer_config_as_tiny_grpo_yaml() -> None:
     config = yaml.safe_load(TINY_CONFIG.read_text())
     assert config["trainer"].pop("resume_mode") == "disable"  # the operator always resumes (auto)
     assert _job()["spec"]["config"] == config
+    # kubectl reads YAML 1.1, where a bare key n/y/no/yes/on/off is a boolean: such keys must be quoted.
+    assert not re.search(r"^\s*(n|y|no|yes|on|off):", TINY_RLJOB.read_text(), re.MULTILINE | re.IGNORECASE)
 
 
 def test_example_passes_rljob_validate(capsys: pytest.CaptureFixture[str]) -> None:
