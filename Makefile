@@ -26,8 +26,16 @@ $(STAMP): pyproject.toml constraints.txt | $(PY)
 .PHONY: install
 install: $(STAMP) ## Create .venv and install the project with its test dependencies
 
+.PHONY: prometheus
+prometheus: ## Install Debian's prometheus (the metrics tests start a real one) when it is missing
+	@command -v prometheus >/dev/null || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y --no-install-recommends prometheus \
+		|| { $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends prometheus; } \
+		|| echo "make prometheus: could not install prometheus; its tests will be skipped"; }
+
 .PHONY: test
-test: install ## Install what tests need, then run every test
+test: install prometheus ## Install what tests need, then run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: unit

@@ -1,0 +1,101 @@
+"""A real Prometheus server for tests (Debian's `prometheus` binary; `make prometheus` installs it).
+
+Started on 127.0.0.1 with a 1 s scrape interval over static targets, with its TSDB in a temporary
+folder; `query()` and `query_range()` call the HTTP API.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from tests.support.s3 import free_port
+
+INSTALL_HINT = "run `make prometheus` (apt-get install -y --no-install-recommends prometheus)"
+
+
+def find_prometheus() -> str | None:
+    """Path of the prometheus binary, or None."""
+    return shutil.which("prometheus")
+
+
+def build_scrape_config(targets: dict[str, list[str]], interval_ms: int = 1000) -> str:
+    """prometheus.yml with one job per name, each scraping `host:port` targets at /metrics."""
+    jobs = [
+        {"job_name": name, "metrics_path": "/metrics", "static_configs": [{"targets": hosts}]}
+        for name, hosts in targets.items()
+    ]
+    every = f"{interval_ms}ms"  # Prometheus durations are whole numbers with a unit
+    config = {"global": {"scrape_interval": every, "scrape_timeout": every, "evaluation_interval": every},
+              "scrape_configs": jobs}
+    return json.dumps(config, indent=1)  # JSON is YAML
+
+
+class PrometheusServer:
+    """`prometheus` as a subprocess on 127.0.0.1:<free port>, stopped (and its data dropped) by `stop()`."""
+
+    def __init__(self, workdir: Path, targets: dict[str, list[str]], binary: str | None = None) -> None:
+        self.binary = binary or find_prometheus()
+        if self.binary is None:
+            raise FileNotFoundError(f"the prometheus binary is not installed; {INSTALL_HINT}")
+        self.workdir = workdir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config_path = workdir / "prometheus.yml"
+        self.config_path.write_text(build_scrape_config(targets))
+        self.log_path = workdir / "prometheus.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 30.0) -> PrometheusServer:
+        """Start and wait for /-/ready."""
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [self.binary or "prometheus", f"--config.file={self.config_path}",
+             f"--storage.tsdb.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"prometheus exited early: {self.log_path.read_text()[-2000:]}")
+            with suppress(OSError):
+                urllib.request.urlopen(f"{self.url}/-/ready", timeout=1).close()
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"prometheus did not become ready in {timeout_s}s: {self.log_path.read_text()[-2000:]}")
+
+    def api(self, path: str, **params: str) -> Any:
+        """GET /api/v1/<path>; return `data` (raises on an error status)."""
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            body = json.loads(response.read())
+        if body.get("status") != "success":
+            raise RuntimeError(f"prometheus {path} failed: {body}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """Instant query: the result vector."""
+        return list(self.api("query", query=expr)["result"])
+
+    def targets(self) -> list[dict[str, Any]]:
+        """Active scrape targets with their health."""
+        return list(self.api("targets")["activeTargets"])
+
+    def stop(self) -> None:
+        """Terminate the server (idempotent)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
