@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from hybridflow.demo import EXAMPLE, prepare
 from hybridflow.trainer import main_ppo
 
