@@ -32,7 +32,6 @@ from typing import Any
 import yaml
 
 from hybridflow.config import ConfigError, HybridFlowConfig, apply_overrides, parse_config
-from hybridflow.trainer.main_ppo import parse_argv
 from rljob_operator import api, names
 from rljob_operator.builders import TRAINER_MODULE, build_configmap, build_rayjob
 from rljob_operator.validation import check_rljob
@@ -75,12 +74,12 @@ def localize_entrypoint(entrypoint: str, config_path: Path, python: str) -> list
     changed): better to stop than to run something else than the cluster would.
     """
     argv = shlex.split(entrypoint)
-    if argv[:3] != ["python", "-m", TRAINER_MODULE] or argv.count(names.CONFIG_PATH) != 1:
+    if argv[:4] != ["python", "-m", TRAINER_MODULE, names.CONFIG_PATH] or any("=" not in a for a in argv[4:]):
         raise RuntimeError(
-            f"the RayJob entrypoint {entrypoint!r} is not `python -m {TRAINER_MODULE} {names.CONFIG_PATH} ...`; "
+            f"the RayJob entrypoint {entrypoint!r} is not `python -m {TRAINER_MODULE} {names.CONFIG_PATH} key=value...`; "
             "rljob run cannot map it to a local command: update rljob_operator.localrun with the builder"
         )
-    return [python, *argv[1:3], *(str(config_path) if a == names.CONFIG_PATH else a for a in argv[3:])]
+    return [python, *argv[1:3], str(config_path), *argv[4:]]
 
 
 def _head_container(rayjob: dict[str, Any]) -> dict[str, Any]:
@@ -157,9 +156,9 @@ def build_local_run(
     rayjob = build_rayjob(rljob, LOCAL_ATTEMPT)
     config_path = workdir / names.CONFIG_KEY
     argv = [*localize_entrypoint(rayjob["spec"]["entrypoint"], config_path, python), *overrides]
-    # Exactly what main_ppo will do with this argv: its own parser, then load_config(path, overrides).
-    _, trainer_overrides = parse_argv(argv[3:])
-    config = parse_config(apply_overrides(yaml.safe_load(config_text), trainer_overrides))
+    # What main_ppo does with this argv: load_config(config file, every key=value after it), then the
+    # run checks. (Its parse_argv is not imported: the operator package depends on hybridflow.config only.)
+    config = parse_config(apply_overrides(yaml.safe_load(config_text), argv[4:]))
     config.validate_for_run()
     env, notes = _local_env(_head_container(rayjob), rljob, environ)
     return LocalRun(rljob.metadata.name, argv, env, config_text, config_path, config, notes)

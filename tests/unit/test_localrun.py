@@ -152,9 +152,28 @@ def test_without_checkpoint_uri_the_configs_default_local_dir_is_used() -> None:
     assert not any(a.startswith("trainer.default_local_dir=") for a in run.argv)
 
 
-def test_entrypoint_of_another_shape_is_refused() -> None:
+@pytest.mark.parametrize(
+    "entrypoint",
+    [
+        "bash -c 'train'",
+        f"python -m hybridflow.trainer.main_ppo trainer.seed=1 {names.CONFIG_PATH}",
+        f"python -m hybridflow.trainer.main_ppo {names.CONFIG_PATH} --flag",
+    ],
+)
+def test_entrypoint_of_another_shape_is_refused(entrypoint: str) -> None:
     with pytest.raises(RuntimeError, match="cannot map it to a local command"):
-        localrun.localize_entrypoint("bash -c 'train'", Path("/w/config.yaml"), "py")
+        localrun.localize_entrypoint(entrypoint, Path("/w/config.yaml"), "py")
+
+
+def test_trainer_parses_the_local_argv_like_build_local_run() -> None:
+    """main_ppo's own parser sees the config file first and every override after it."""
+    from hybridflow.trainer.main_ppo import parse_argv
+
+    run = localrun.build_local_run(
+        api.RLJob.model_validate(_job()), Path("/w"), ["trainer.seed=3"], python="py", environ={}
+    )
+    assert parse_argv(run.argv[3:]) == ("/w/config.yaml", run.argv[4:])
+    assert run.argv[-1] == "trainer.seed=3"
 
 
 def test_invalid_manifest_exits_1_listing_problems_and_writes_nothing(
@@ -230,8 +249,19 @@ def test_cuda_job_without_gpus_says_so_and_suggests_cpu_overrides(
     assert "trainer.device=cpu" in err
     assert not (tmp_path / "wd").exists()
     # A dry run still shows the command, with the same problem as a warning.
-    argv, _ = _dry_run(capsys, GPU_EXAMPLE, tmp_path / "wd")
-    assert argv[1:3] == ["-m", "hybridflow.trainer.main_ppo"]
+    assert cli.main(["run", "-f", str(GPU_EXAMPLE), "--dry-run", "--workdir", str(tmp_path / "wd")]) == 0
+    captured = capsys.readouterr()
+    assert "warning: spec.config.trainer.device is cuda" in captured.err
+    assert shlex.split(captured.out.splitlines()[-1])[1:3] == ["-m", "hybridflow.trainer.main_ppo"]
+
+
+def test_rljob_help_lists_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    assert "  run " in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["run", "--help"])
+    assert exit_info.value.code == 0
+    assert "rljob run" in capsys.readouterr().out
 
 
 def test_run_passes_command_and_env_to_the_child_and_returns_its_code(
