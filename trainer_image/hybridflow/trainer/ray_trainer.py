@@ -329,6 +329,8 @@ class RayPPOTrainer:
         )
         ck.save_trainer_state(step_uri, state)
         ck.commit_step(self.ckpt_root, self.global_step)
+        if self.tracker is not None:
+            self.tracker.checkpoint_saved(self.global_step, step_uri)  # progress record, Prometheus
         ck.apply_retention(self.ckpt_root, self.config.trainer.max_actor_ckpt_to_keep, log=self.log)
         return step_uri
 
