@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob_operator import api, crdgen, metrics
+from rljob_operator import crdgen, metrics
 from tests.support import binaries
 from tests.support.helm import (
     CHART,
@@ -36,6 +36,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "kuberay-enabled": {"kuberay-operator": {"enabled": True}},
     "no-rbac-existing-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
     "stopped": {"replicaCount": 0},
+    "three-replicas": {"replicaCount": 3, "podDisruptionBudget": {"enabled": True}},
+    "three-replicas-namespaced": {**NAMESPACED, "replicaCount": 3},
 }  # fmt: skip
 
 
@@ -97,7 +99,7 @@ def test_deployment_is_hardened(helm: Path, chart: Path) -> None:
     deployment = _deployment(render(helm, chart))
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
     sc = container["securityContext"]
@@ -109,31 +111,108 @@ def test_deployment_is_hardened(helm: Path, chart: Path) -> None:
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     assert container["command"] == ["rljob", "operator"]
-    assert container["args"] == ["--peering=rljob-operator", "--metrics-port=8080", "--resync-seconds=60"]
+    assert container["args"] == ["--peering=rljob-operator", "--peering-lifetime=60", "--metrics-port=8080",
+                                 "--resync-seconds=60"]
     assert container["image"] == "ghcr.io/rljob-hybridflow/operator:0.1.0"
 
 
-def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Path) -> None:
-    """The rendered args mean what the values say, per rljob_operator.settings."""
+def _env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's literal env values (valueFrom entries as their fieldPath)."""
+    out = {}
+    for var in container.get("env", []):
+        out[var["name"]] = var.get("value", var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"))
+    return out
+
+
+@pytest.mark.parametrize("values", [
+    {**NAMESPACED, "operator": {"peering": {"enabled": False}, "resyncSeconds": 15, "metricsPort": 9090}},
+    {"replicaCount": 3, "operator": {"peering": {"name": "team", "lifetime": 20}, "verbose": True,
+                                     "extraArgs": ["--resync-seconds=5"]}},
+], ids=["standalone-namespaced", "peering-replicas"])  # fmt: skip
+def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Path, values: dict[str, Any]) -> None:
+    """Every rendered flag exists in rljob_operator.settings and means what the values say."""
     from rljob_operator.settings import parse_settings
 
-    values = {**NAMESPACED, "operator": {"peering": {"enabled": False}, "resyncSeconds": 15, "metricsPort": 9090}}
     (container,) = _deployment(render(helm, chart, values))["spec"]["template"]["spec"]["containers"]
-    settings = parse_settings(container["args"], env={})
-    assert settings.namespaces == ("team-a", "team-b") and settings.peering is None
-    assert settings.metrics_port == 9090 and settings.resync_seconds == 15
+    # Only the RLJOB_* variables the chart sets reach parse_settings, as in the pod.
+    env = {k: v for k, v in _env(container).items() if k.startswith("RLJOB_")}
+    settings = parse_settings(container["args"], env=env)
+    operator = values["operator"]
+    assert settings.namespaces == tuple(values.get("watchNamespaces", []))
+    if operator["peering"].get("enabled", True):
+        assert settings.peering == operator["peering"]["name"]
+        assert settings.peering_lifetime == operator["peering"]["lifetime"]
+    else:
+        assert settings.peering is None
+    assert settings.metrics_port == operator.get("metricsPort", 8080)
+    assert settings.resync_seconds == operator.get("resyncSeconds", 5 if operator.get("extraArgs") else 60)
+    assert settings.verbose == operator.get("verbose", False)
+    assert settings.priority is None, "the chart must never fix the peering priority (replicas would all pause)"
     (service,) = _by_kind(render(helm, chart, values), "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
+def test_pod_id_comes_from_the_pod_name(helm: Path, chart: Path) -> None:
+    """Peering identities name the pod (peering.own_identity reads POD_ID, as kopf does)."""
+    (container,) = _deployment(render(helm, chart))["spec"]["template"]["spec"]["containers"]
+    (pod_id,) = [v for v in container["env"] if v["name"] == "POD_ID"]
+    assert pod_id == {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    assert not [v for v in container["env"] if v["name"].startswith("RLJOB_DEFAULT_")], \
+        "RLJOB_DEFAULT_* variables are not read by the operator; do not pass them"
+
+
+def test_several_replicas_roll_one_at_a_time_with_peering(helm: Path, chart: Path) -> None:
+    objs = render(helm, chart, SCENARIOS["three-replicas"])
+    deployment = _deployment(objs)
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--peering=rljob-operator" in container["args"] and not any(
+        a.startswith("--pr") for a in container["args"])
+    (peering,) = _by_kind(objs, "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "rljob-operator"
+    (pdb,) = _by_kind(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_notes_explain_standby_replicas(helm: Path, chart: Path, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"replicaCount": 3, "operator": {"peering": {"lifetime": 30}}}))
+    result = run_helm(helm, "install", "rljob", str(chart), "-n", "rljob-system", "--dry-run=client", "-f", str(values))
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "3 replicas: one is active, 2 on standby" in notes and "30 s" in notes
+    assert "kubectl get clusterkopfpeering rljob-operator" in notes
+
+
+@pytest.mark.parametrize(("values", "needle"), [
+    ({"replicaCount": 2, "operator": {"peering": {"enabled": False}}}, "needs operator.peering.enabled=true"),
+    ({"replicaCount": 2, "operator": {"extraArgs": ["--priority=7"]}}, "fixed peering priority"),
+    ({"replicaCount": 2, "operator": {"extraArgs": ["--prio", "7"]}}, "fixed peering priority"),
+    ({"replicaCount": 2, "operator": {"extraEnv": [{"name": "RLJOB_PEERING_PRIORITY", "value": "7"}]}},
+     "fixed peering priority"),
+])  # fmt: skip
+def test_replicas_that_would_act_twice_or_all_pause_are_refused(
+    helm: Path, chart: Path, values: dict[str, Any], needle: str
+) -> None:
+    result = template(helm, chart, values)
+    assert result.returncode != 0 and needle in result.stderr, result.stderr
+
+
+# Exactly what the operator sends: kube.py calls from reconcile.py/peering.py, plus kopf's list/watch
+# (watches, indexes), patch (its annotations, status) and Event posts. No get where nothing reads one.
 WORKLOAD_RULES = {
-    ("rl.hybridflow.dev", "rljobs"): {"get", "list", "watch", "patch"},
-    ("rl.hybridflow.dev", "rljobs/status"): {"get", "patch"},
+    ("rl.hybridflow.dev", "rljobs"): {"list", "watch", "patch"},
+    ("rl.hybridflow.dev", "rljobs/status"): {"patch"},
     ("rl.hybridflow.dev", "rljobs/finalizers"): {"update"},
-    ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "patch"},
+    ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "create", "patch"},
     ("", "events"): {"create"},
 }
+#: kopf lists/watches/patches the peering object; peering.py creates it when missing and reads it.
+PEERING_VERBS = {"get", "list", "watch", "create", "patch"}
+CRD_READ = {("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"}}
 
 
 def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
@@ -150,8 +229,8 @@ def test_cluster_rbac_is_least_privilege(helm: Path, chart: Path) -> None:
     (role,) = _by_kind(objs, "ClusterRole")
     assert _grants(role) == {
         **WORKLOAD_RULES,
-        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
-        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+        ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS,
+        **CRD_READ,
     }
     (binding,) = _by_kind(objs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rljob-rljob-operator", "namespace": "rljob-system"}]
@@ -160,15 +239,28 @@ def test_cluster_rbac_is_least_privilege(helm: Path, chart: Path) -> None:
     assert peering["metadata"]["name"] == "rljob-operator"
 
 
+def test_cluster_rbac_for_some_namespaces_uses_their_peerings(helm: Path, chart: Path) -> None:
+    objs = render(helm, chart, SCENARIOS["cluster-rbac-some-namespaces"])
+    (role,) = _by_kind(objs, "ClusterRole")
+    assert _grants(role) == {
+        **WORKLOAD_RULES,
+        ("kopf.dev", "kopfpeerings"): PEERING_VERBS,
+        ("", "namespaces"): {"list", "watch"},  # kopf matches its namespace list against existing ones
+        **CRD_READ,
+    }
+    (peering,) = _by_kind(objs, "KopfPeering")
+    assert peering["metadata"]["namespace"] == "team-a"
+
+
 def test_namespaced_rbac_has_no_cluster_wide_workload_grants(helm: Path, chart: Path) -> None:
     objs = render(helm, chart, NAMESPACED)
     roles = _by_kind(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
-        assert _grants(role) == {**WORKLOAD_RULES, ("kopf.dev", "kopfpeerings"): {"get", "list", "watch", "patch"}}
+        assert _grants(role) == {**WORKLOAD_RULES, ("kopf.dev", "kopfpeerings"): PEERING_VERBS}
     assert sorted(b["metadata"]["namespace"] for b in _by_kind(objs, "RoleBinding")) == ["team-a", "team-b"]
     (crd_reader,) = _by_kind(objs, "ClusterRole")
-    assert _grants(crd_reader) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+    assert _grants(crd_reader) == CRD_READ
     assert sorted(p["metadata"]["namespace"] for p in _by_kind(objs, "KopfPeering")) == ["team-a", "team-b"]
     assert not _by_kind(objs, "ClusterKopfPeering")
 
@@ -216,16 +308,6 @@ def _metric_names(text: str) -> set[str]:
     import re
 
     return set(re.findall(r"\b((?:rljob|hybridflow)_[a-z_]+)\b", text))
-
-
-def test_trainer_defaults_equal_the_crd_defaults() -> None:
-    trainer = yaml.safe_load((CHART / "values.yaml").read_text())["trainer"]
-    res = api.ResourcesSpec()
-    assert trainer["image"] == api.DEFAULT_IMAGE
-    assert trainer["resources"] == {
-        "gpuResourceName": res.gpu_resource_name, "cpu": res.cpu, "memory": res.memory,
-        "sharedMemory": res.shared_memory, "head": {"cpu": res.head.cpu, "memory": res.head.memory},
-    }  # fmt: skip
 
 
 def _leaves_without_docs(lines: list[str]) -> list[str]:

@@ -11,20 +11,21 @@ from tests.support import binaries
 from tests.support.helm import copy_chart_with_stand_in, template
 
 BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
-    "two replicas (kopf peering would pause both)": ({"replicaCount": 2}, "/replicaCount': maximum"),
+    "six replicas (one is active, five standbys are plenty)": ({"replicaCount": 6}, "/replicaCount': maximum"),
+    "peering lifetime below kopf's minimum": ({"operator": {"peering": {"lifetime": 1}}},
+                                              "/operator/peering/lifetime': minimum"),
     "unknown RBAC scope": ({"rbac": {"scope": "global"}}, "/rbac/scope': value must be one of 'cluster', 'namespaced'"),
     "namespaced RBAC without namespaces": ({"rbac": {"scope": "namespaced"}}, "/watchNamespaces': minItems"),
     "bad pull policy": ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy'"),
     "typo at the top level": ({"replicas": 1}, "additional properties 'replicas' not allowed"),
     "typo in a nested key": ({"serviceMonitor": {"enable": True}}, "additional properties 'enable' not allowed"),
-    "memory is not a quantity": ({"trainer": {"resources": {"memory": "lots"}}}, "/trainer/resources/memory'"),
+    "trainer defaults (the operator has none; set them in each RLJob)": ({"trainer": {"image": "x"}},
+                                                                         "additional properties 'trainer' not allowed"),
     "metrics port 0 (the probes need it)": ({"operator": {"metricsPort": 0}}, "/operator/metricsPort': minimum"),
     "namespace is not a DNS label": ({"watchNamespaces": ["Team-A"]}, "/watchNamespaces/0': 'Team-A' does not match"),
     "scrape interval without unit": ({"serviceMonitor": {"interval": 30}}, "/serviceMonitor/interval'"),
     "PDB that allows no disruption": ({"podDisruptionBudget": {"maxUnavailable": 0}}, "/podDisruptionBudget/maxUnavailable'"),
     "resync of zero seconds": ({"operator": {"resyncSeconds": 0}}, "/operator/resyncSeconds'"),
-    "GPU resource name without a domain": ({"trainer": {"resources": {"gpuResourceName": "gpu"}}},
-                                           "/trainer/resources/gpuResourceName'"),
 }  # fmt: skip
 
 
@@ -45,10 +46,10 @@ def test_bad_values_are_rejected_by_the_schema(chart: Path, case: str) -> None:
 
 def test_good_non_default_values_pass_the_schema(chart: Path) -> None:
     values = {
-        "replicaCount": 0,
+        "replicaCount": 5,
         "watchNamespaces": ["team-a"],
         "image": {"tag": "0.2.0-rc1", "pullPolicy": "Always"},
-        "trainer": {"resources": {"cpu": "7500m", "memory": 128, "gpuResourceName": "amd.com/gpu"}},
+        "operator": {"peering": {"lifetime": 15}},
         "podDisruptionBudget": {"enabled": True, "maxUnavailable": "50%"},
         "kuberay-operator": {"enabled": False, "image": {"tag": "v1.7.0"}},
     }

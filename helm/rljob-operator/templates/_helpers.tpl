@@ -51,33 +51,47 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
-RBAC rules for the RLJobs and their children in one namespace (or all of them). Least privilege:
-exactly the verbs operator/rljob_operator (kube.py, kopf) uses; no delete (children are removed by the
-garbage collector through ownerReferences).
+RBAC rules for the RLJobs and their children in one namespace (or all of them). Exactly the verbs the
+operator sends (operator/rljob_operator/kube.py callers: reconcile.py, peering.py) plus what kopf sends
+(list/watch for its watches and indexes, patch for its annotations, create for Events); no get where
+only list/watch is used. A test (tests/unit/test_helm.py WORKLOAD_RULES) keeps this list exact.
 */}}
 {{- define "rljob-operator.workloadRules" -}}
-# RLJobs: watched by kopf, patched by kopf (its handled-state annotations) and by the operator.
+# RLJobs: listed and watched by kopf, patched by kopf (its last-handled-configuration annotation).
 - apiGroups: ["rl.hybridflow.dev"]
   resources: ["rljobs"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
+# status, conditions, progress: one merge patch per change (reconcile.py; kopf patches status too).
 - apiGroups: ["rl.hybridflow.dev"]
   resources: ["rljobs/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # Children carry ownerReferences with blockOwnerDeletion: clusters enforcing
 # OwnerReferencesPermissionEnforcement require update on the owner's finalizers for that.
 - apiGroups: ["rl.hybridflow.dev"]
   resources: ["rljobs/finalizers"]
   verbs: ["update"]
-# One RayJob per attempt, created and patched (suspend) by the operator.
+# One RayJob per attempt: watched by kopf; created, read back after a 409, patched (suspend) and
+# deleted when a spec edit supersedes the running attempt (reconcile.stop_rayjob).
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-# The trainer config of each RLJob.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# The trainer config of each RLJob (create, read back after a 409, patch).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
-# Events on RLJobs (validation errors, attempts, retries).
+# Events on RLJobs (validation errors, attempts, retries), from the operator and from kopf.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- end }}
+
+{{/*
+RBAC rule for kopf peering: kopf lists, watches and patches (keep-alives) the peering object; the
+operator creates it when missing and reads it before each resync round (peering.py). Call with a
+dict: (dict "resource" "clusterkopfpeerings").
+*/}}
+{{- define "rljob-operator.peeringRule" -}}
+- apiGroups: ["kopf.dev"]
+  resources: [{{ .resource | quote }}]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}
