@@ -71,7 +71,7 @@ def localize_entrypoint(entrypoint: str, config_path: Path, python: str) -> list
     """The RayJob entrypoint as argv, with the current interpreter and the local config file.
 
     Raises RuntimeError when the entrypoint no longer has the shape this module relies on (the builder
-    changed): better to stop than to run something else than the cluster would.
+    changed): better to stop than to run something other than what the cluster would.
     """
     argv = shlex.split(entrypoint)
     if argv[:4] != ["python", "-m", TRAINER_MODULE, names.CONFIG_PATH] or any("=" not in a for a in argv[4:]):

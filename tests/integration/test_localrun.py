@@ -12,7 +12,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,14 @@ TINY_RLJOB = REPO / "examples" / "tiny_grpo_rljob.yaml"
 RLJOB = Path(sys.executable).with_name("rljob")
 #: A 2-step run takes well under a minute on 2 idle cores; leave room for a busy CI box.
 RUN_TIMEOUT_S = 420
+
+
+@pytest.fixture
+def work_dir() -> Iterator[Path]:
+    """A private temp folder: pytest's shared basetemp is pruned by concurrent pytest runs of the same user,
+    which can delete a run's checkpoints while it trains."""
+    with tempfile.TemporaryDirectory(prefix="rljob-localrun-") as path:
+        yield Path(path)
 
 
 def _manifest(tmp_path: Path) -> tuple[Path, Path]:
@@ -74,7 +84,8 @@ def _steps_logged(ckpt: Path) -> list[int]:
     return [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line.strip()]
 
 
-def test_rljob_run_trains_two_steps_and_commits_a_checkpoint(tmp_path: Path) -> None:
+def test_rljob_run_trains_two_steps_and_commits_a_checkpoint(work_dir: Path) -> None:
+    tmp_path = work_dir
     manifest, ckpt = _manifest(tmp_path)
     proc = _start(tmp_path, manifest, "trainer.total_training_steps=2", "trainer.val_before_train=false")
     out = _finish(proc, RUN_TIMEOUT_S)
@@ -85,8 +96,9 @@ def test_rljob_run_trains_two_steps_and_commits_a_checkpoint(tmp_path: Path) -> 
     assert 1 in _steps_logged(ckpt) and 2 in _steps_logged(ckpt)
 
 
-def test_sigterm_to_rljob_run_stops_the_trainer_after_a_checkpoint(tmp_path: Path) -> None:
+def test_sigterm_to_rljob_run_stops_the_trainer_after_a_checkpoint(work_dir: Path) -> None:
     """What `kubectl delete` does to a pod, done to `rljob run`: the trainer saves and exits 0."""
+    tmp_path = work_dir
     manifest, ckpt = _manifest(tmp_path)
     total = 200
     proc = _start(
