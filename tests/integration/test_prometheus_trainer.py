@@ -105,7 +105,7 @@ def test_tiny_job_metrics_in_prometheus_and_checkpoints_on_s3(
             monkeypatch.setenv(key, value)
         root = "s3://runs/tiny"
         overrides.update({
-            "trainer.default_local_dir": root, "trainer.total_training_steps": "14", "trainer.save_freq": "5",
+            "trainer.default_local_dir": root, "trainer.total_training_steps": "10", "trainer.save_freq": "5",
             "trainer.test_freq": "-1", "trainer.val_before_train": "false", "data.train_batch_size": "16",
             "actor_rollout_ref.actor.ppo_mini_batch_size": "16",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "64",
@@ -122,13 +122,16 @@ def test_tiny_job_metrics_in_prometheus_and_checkpoints_on_s3(
         points = _wait_for(lambda: _points(server, "hybridflow_reward_mean"), 5, "the reward series")
         assert points >= 3, f"only {points} scrapes of hybridflow_reward_mean; targets: {server.targets()}"
         steps = server.query('max_over_time(hybridflow_step{rljob="tiny"}[10m])')
-        assert float(steps[0]["value"][1]) >= 10
-        assert server.query('max_over_time(hybridflow_total_steps{rljob="tiny"}[10m]) == 14')  # target gone: range
+        assert float(steps[0]["value"][1]) >= 8
+        assert server.query('max_over_time(hybridflow_total_steps{rljob="tiny"}[10m]) == 10')  # target gone: range
         # Checkpoints and the progress record landed on S3.
-        assert ck.find_latest_committed(root) == 14
+        assert ck.find_latest_committed(root) == 10
         record = progress.read_progress(root)
-        assert record is not None and (record.step, record.total_steps, record.attempt) == (14, 14, 2)
+        assert record is not None and (record.step, record.total_steps, record.attempt) == (10, 10, 2)
         assert "reward_mean" in record.metrics
+        assert record.checkpoint is not None and record.checkpoint.step == 10
+        assert record.checkpoint.uri == ck.step_dir(root, 10)
+        assert server.query('max_over_time(hybridflow_checkpoint_step{rljob="tiny"}[10m]) >= 5')
         fs, path = storage.open_fs(root)
         assert fs.exists(f"{path}/metrics.jsonl")
     finally:
