@@ -312,7 +312,8 @@ def _metric_names(text: str) -> set[str]:
 
 def _leaves_without_docs(lines: list[str]) -> list[str]:
     """Keys of values.yaml with no comment directly above them or above one of their parents."""
-    undocumented, stack = [], []  # stack: (indent, key, documented)
+    undocumented: list[str] = []
+    stack: list[tuple[int, str, bool]] = []  # (indent, key, documented)
     previous = ""
     for line in lines:
         stripped = line.strip()
