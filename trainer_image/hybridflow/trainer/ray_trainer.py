@@ -227,7 +227,7 @@ class RayPPOTrainer:
         greedy_input = gen_input.select(deepcopy=True)
         greedy_input.meta_info.update({"do_sample": False})
         greedy = self._rollout_group().generate_sequences(greedy_input)
-        scored = batch.select(non_tensor_batch_keys=list(batch.non_tensor_batch)).union(
+        scored = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch)).union(
             greedy.select(
                 batch_keys=["responses", "prompts", "attention_mask"] + _present(greedy, ["response_mask"])
             )
