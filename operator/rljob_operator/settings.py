@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 DEFAULT_PEERING = "rljob-operator"
+#: The trainer driver's /metrics through KubeRay's head Service ({cluster}: the RayJob's Ray cluster).
+TRAINER_METRICS_URL = "http://{cluster}-head-svc.{namespace}.svc:{port}/metrics"
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class Settings:
     peering_lifetime: int = 60  # seconds a keep-alive counts; a crashed replica is replaced after it
     metrics_port: int = 8080  # 0: no /metrics and /healthz endpoint
     resync_seconds: float = 60.0  # timer interval: level-based resync and progress reading
+    trainer_metrics_url: str = TRAINER_METRICS_URL  # template: {cluster} {namespace} {port} {rljob}
     verbose: bool = False
 
     @property
@@ -58,6 +61,10 @@ def parser() -> argparse.ArgumentParser:
                    help="port of /metrics and /healthz (default 8080, 0 disables; env RLJOB_METRICS_PORT)")
     p.add_argument("--resync-seconds", type=float, metavar="S",
                    help="interval of the periodic resync/progress timer (default 60; env RLJOB_RESYNC_SECONDS)")
+    p.add_argument("--trainer-metrics-url", metavar="TEMPLATE",
+                   help="where to read a trainer's Prometheus metrics; {cluster}, {namespace}, {port} and "
+                        "{rljob} are filled in (default: the Ray head Service, " + TRAINER_METRICS_URL.replace("%", "%%")
+                        + "; env RLJOB_TRAINER_METRICS_URL)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -84,8 +91,15 @@ def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Set
     if lifetime < 2:
         raise SystemExit("rljob operator: --peering-lifetime must be >= 2 seconds (keep-alives are sent every "
                          "lifetime - 5..10 s, at least every second; e.g. 60)")
+    metrics_url = args.trainer_metrics_url or env.get("RLJOB_TRAINER_METRICS_URL") or TRAINER_METRICS_URL
+    try:
+        metrics_url.format(cluster="c", namespace="ns", port=8000, rljob="job")
+    except (KeyError, IndexError, ValueError) as err:
+        raise SystemExit(f"rljob operator: --trainer-metrics-url {metrics_url!r} is not a valid template ({err!r}); "
+                         f"use only the fields {{cluster}}, {{namespace}}, {{port}} and {{rljob}}, e.g. "
+                         f"{TRAINER_METRICS_URL}") from None
     return Settings(namespaces=namespaces, peering=peering, priority=priority, peering_lifetime=lifetime,
-                    metrics_port=port, resync_seconds=resync, verbose=args.verbose)
+                    metrics_port=port, resync_seconds=resync, trainer_metrics_url=metrics_url, verbose=args.verbose)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
