@@ -334,6 +334,11 @@ class RLJobStatus(_Model):
     phase: Phase | None = Field(default=None, description="One-word summary of the job's state.")
     conditions: list[Condition] = Field(default_factory=list, description="Detailed state, one per type.")
     attempt: int | None = Field(default=None, description="Current attempt number, starting at 1.")
+    failed_attempts: int | None = Field(
+        default=None,
+        description="Attempts that failed so far, stalls included (spec.runPolicy.stallTimeoutSeconds); the job "
+        "fails once this exceeds spec.runPolicy.backoffLimit. Restarts after a spec edit are not counted.",
+    )
     ray_job_name: str | None = Field(default=None, description="Name of the current attempt's RayJob.")
     config_map_name: str | None = Field(default=None, description="Name of the ConfigMap holding the config.")
     dashboard_url: str | None = Field(

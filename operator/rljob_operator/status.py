@@ -2,10 +2,14 @@
 
 `compute_status` is the ONE place that turns observations (the RayJob of the current attempt, the
 validation problems) into `status` (phase, conditions, attempt, child names, times, last failure).
-`decide` picks the attempt whose children must exist (first run, retry after a failure while retries
-remain, a new attempt after a spec edit that needs one (see changes.py), nothing when invalid or
+`decide` picks the attempt whose children must exist (first run, retry after a failure or a stall while
+retries remain, a new attempt after a spec edit that needs one (see changes.py), nothing when invalid or
 finished), the superseded RayJobs to stop, the RayJob's desired `suspend`, the new status and the
 Events of the transitions. No I/O, no clock: `now` is passed in.
+
+Retries are counted in `status.failedAttempts`, not only from the failed RayJobs still visible: a stalled
+attempt's RayJob is deleted (it still holds the cluster), so it could not be counted later, and restarts
+after stalls must stay bounded by `spec.runPolicy.backoffLimit` (issue 6).
 
 KubeRay facts used (ray.io/v1 RayJob, KubeRay v1.7.0 CRD): `status.jobDeploymentStatus` in
 Initializing | Running | Complete | Failed | Suspending | Suspended | Retrying | Waiting | ValidationFailed,
@@ -124,12 +128,14 @@ def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended
 
 def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str], now: datetime.datetime, *,
                    attempt: int, gave_up: bool = False, last_failure: Obj | None = None,
-                   restarting: bool = False, spec_applied: tuple[str, str, str] = SPEC_APPLIED) -> Obj:
+                   restarting: bool = False, spec_applied: tuple[str, str, str] = SPEC_APPLIED,
+                   failed_attempts: int | None = None) -> Obj:
     """The RLJob status for the current attempt, from the RayJob of that attempt (None: not created yet).
 
     `gave_up`: the attempt failed and no retries are left (phase Failed). `last_failure`: the latest
     failed attempt (kept in status and shown while retrying). `restarting`: a superseded attempt is
     being stopped before this one starts (phase Restarting). `spec_applied`: the SpecApplied condition.
+    `failed_attempts`: attempts that failed so far (None: keep the recorded count).
     """
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
@@ -168,6 +174,7 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
         status["rayJobName"] = names.ray_job_name(name, attempt)
     elif old.get("attempt"):
         status["attempt"] = old["attempt"]
+    status["failedAttempts"] = old.get("failedAttempts") if failed_attempts is None else failed_attempts
     ray_status = (rayjob or {}).get("status") or {}
     if ray_status.get("dashboardURL"):
         status["dashboardURL"] = ray_status["dashboardURL"]
@@ -244,8 +251,29 @@ def _transition_events(old: Obj, new: Obj) -> list[EventSpec]:
     return events
 
 
-def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: datetime.datetime) -> Plan:
-    """Decide the next step of an RLJob from its observed RayJobs (all attempts) and validation problems."""
+def failures_before(old: Obj, by_attempt: dict[int, Obj], attempt: int) -> int:
+    """How many attempts before `attempt` failed: the recorded count plus failed RayJobs it does not cover.
+
+    `status.failedAttempts` covers the attempts before `status.attempt`; a failed RayJob from that attempt
+    on (the status write was lost) is added. Without the count (a status written by an older operator)
+    every failed RayJob still visible counts, which is what that operator did.
+    """
+    recorded = old.get("failedAttempts")
+    known = isinstance(recorded, int) and not isinstance(recorded, bool)
+    since = int(old.get("attempt") or 1) if known else 1
+    seen = sum(1 for a, r in by_attempt.items() if since <= a < attempt and rayjob_outcome(r) == "failed")
+    return (int(recorded) if known else 0) + seen
+
+
+def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: datetime.datetime,
+           stalled: str | None = None) -> Plan:
+    """Decide the next step of an RLJob from its observed RayJobs (all attempts) and validation problems.
+
+    `stalled`: the current attempt made no progress for `spec.runPolicy.stallTimeoutSeconds` (the
+    message says so; the caller keeps the clock). A running attempt that stalled is handled like a
+    failed one, reason `Stalled`: its RayJob is stopped and the next attempt resumes from the latest
+    checkpoint, or the job fails when no retries are left.
+    """
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
     meta = rljob.get("metadata") or {}
@@ -272,18 +300,26 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
     if previous is not None and rayjob_outcome(previous) == "failed" and \
             (old.get("lastFailure") or {}).get("attempt") != attempt - 1:
         kwargs["last_failure"] = _failure_of(previous, attempt - 1)  # e.g. status lost before the retry
+    failed = failures_before(old, by_attempt, attempt)
     edited = changes.changed_fields(rljob, rayjob) if rayjob is not None and outcome in ACTIVE_OUTCOMES else []
+    stall = stalled is not None and rayjob is not None and outcome == "running" and not edited
     if edited:
         events.append(EventSpec("Normal", "SpecChanged", (
             f"spec.{', spec.'.join(edited)} changed: stopping attempt {attempt} "
             f"(RayJob {names.ray_job_name(meta.get('name', ''), attempt)}); "
             f"attempt {attempt + 1} then starts from the new spec and resumes from the latest checkpoint.")))
         attempt, rayjob, outcome = attempt + 1, None, "missing"
-    elif outcome in ("failed", "invalid") and rayjob is not None:
-        failure = _failure_of(rayjob, attempt)
-        # Retries used = failed attempts before this one; restarts after a spec edit are not failures.
-        failures = sum(1 for r in by_attempt.values() if rayjob_outcome(r) == "failed")
-        if outcome == "failed" and failures <= backoff_limit and not _deadline_passed(old, spec, now):
+    elif (outcome in ("failed", "invalid") or stall) and rayjob is not None:
+        failure = {"attempt": attempt, "reason": "Stalled", "message": stalled} if stall \
+            else _failure_of(rayjob, attempt)
+        # Retries used = failed attempts so far, this one included; restarts after a spec edit are not failures.
+        failed += 1
+        retry = outcome != "invalid" and failed <= backoff_limit and not _deadline_passed(old, spec, now)
+        if stall:
+            events.append(EventSpec("Warning", "Stalled", f"{stalled} Stopping RayJob {rayjob['metadata']['name']}; " + (
+                f"attempt {attempt + 1} resumes from the latest checkpoint." if retry else
+                f"no retries left (spec.runPolicy.backoffLimit={backoff_limit}), so the job fails.")))
+        if retry:
             attempt, rayjob = attempt + 1, None
             kwargs["last_failure"] = failure
         else:
@@ -297,15 +333,21 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
     # Superseded attempts still holding a cluster are stopped before the new one starts: two attempts
     # must never write checkpoints to the same place at once.
     stale = [r for a, r in sorted(by_attempt.items()) if a < attempt and rayjob_outcome(r) in ACTIVE_OUTCOMES]
-    if stale and not refused:
+    # A stalled attempt is superseded by a failure, not by a spec edit: the spec stays applied.
+    after_failure = (kwargs.get("last_failure") or old.get("lastFailure") or {}).get("attempt") == attempt - 1
+    if stale and not refused and not after_failure:
         waiting = ", ".join(r["metadata"]["name"] for r in stale)
         kwargs["spec_applied"] = ("False", "Restarting", (
             f"Waiting for RayJob {waiting} of a superseded attempt to stop; attempt {attempt} then starts "
             f"from the current spec and resumes from the latest checkpoint."))
-    status = compute_status(rljob, rayjob, [], now, attempt=attempt, restarting=bool(stale), **kwargs)
+    status = compute_status(rljob, rayjob, [], now, attempt=attempt, restarting=bool(stale),
+                            failed_attempts=failed, **kwargs)
     events = _transition_events(old, status) + events
     if status["phase"] in TERMINAL_PHASES:
-        return Plan(None, None, status, events)
+        # Giving up on an attempt that still holds a cluster (stalled, past the deadline): release it.
+        holding = [rayjob] if rayjob is not None and outcome in ACTIVE_OUTCOMES else []
+        return Plan(None, None, status, events, stop=[r["metadata"]["name"] for r in holding
+                                                      if not r["metadata"].get("deletionTimestamp")])
     suspend = True if spec.get("suspend") else (None if spec.get("queueName") else False)
     return Plan(None if stale else attempt, suspend, status, events,
                 stop=[r["metadata"]["name"] for r in stale if not r["metadata"].get("deletionTimestamp")],

@@ -19,6 +19,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from rljob_operator.builders import METRICS_PORT
+from rljob_operator.names import LABEL_RLJOB
+from rljob_operator.settings import TRAINER_METRICS_URL
 
 PROGRESS_FILE = "progress.json"
 
@@ -51,15 +53,21 @@ class TrainerReport:
     checkpoint_timestamp: float | None = None
 
 
-def trainer_metrics_url(rayjob: dict[str, Any] | None, port: int = METRICS_PORT) -> str | None:
-    """The driver's /metrics through KubeRay's head Service, once the RayJob names its Ray cluster."""
+def trainer_metrics_url(rayjob: dict[str, Any] | None, port: int = METRICS_PORT,
+                        template: str = TRAINER_METRICS_URL) -> str | None:
+    """The driver's /metrics through KubeRay's head Service, once the RayJob names its Ray cluster.
+
+    `template` (the operator's --trainer-metrics-url) gets {cluster}, {namespace}, {port} and {rljob}.
+    """
     if not rayjob:
         return None
     cluster = (rayjob.get("status") or {}).get("rayClusterName")
-    namespace = (rayjob.get("metadata") or {}).get("namespace")
+    meta = rayjob.get("metadata") or {}
+    namespace = meta.get("namespace")
     if not cluster or not namespace:
         return None
-    return f"http://{cluster}-head-svc.{namespace}.svc:{port}/metrics"
+    rljob = (meta.get("labels") or {}).get(LABEL_RLJOB, "")
+    return template.format(cluster=cluster, namespace=namespace, port=port, rljob=rljob)
 
 
 def parse_trainer_metrics(text: str) -> TrainerReport | None:
@@ -154,12 +162,20 @@ def is_stalled(watch: StepWatch | None, now: datetime.datetime, timeout_seconds:
     return (now - watch.since).total_seconds() > timeout_seconds
 
 
-def stall_message(watch: StepWatch, timeout_seconds: int) -> str:
-    """The failure message of a stalled attempt: what happened and what to change."""
+def stall_message(watch: StepWatch, timeout_seconds: int, unread: str | None = None) -> str:
+    """The failure message of a stalled attempt: what happened and what to change.
+
+    `unread`: why the operator could not read the trainer's progress at all (then say so: the fix may be
+    the operator's access to the trainer rather than the trainer).
+    """
     at = f"step {watch.step}" if watch.step is not None else "its first step"
-    return (f"Attempt {watch.attempt} made no progress past {at} for more than {timeout_seconds}s "
-            f"(spec.runPolicy.stallTimeoutSeconds); restarting from the latest checkpoint. Raise the timeout if "
-            f"steps (or start-up) legitimately take longer.")
+    message = (f"Attempt {watch.attempt} made no progress past {at} for more than {timeout_seconds}s "
+               f"(spec.runPolicy.stallTimeoutSeconds). Raise the timeout if steps (or start-up) legitimately "
+               f"take longer.")
+    if unread:
+        message += (f" The operator could not read the trainer's progress ({unread}); check that it can reach "
+                    f"the Ray head Service and read the checkpoint location.")
+    return message
 
 
 def _finite(value: object) -> object:
