@@ -16,6 +16,8 @@ import pytest
 from hybridflow.demo import EXAMPLE, prepare
 from hybridflow.trainer import main_ppo
 
+PPO_EXAMPLE = EXAMPLE.parent / "tiny_ppo.yaml"
+
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
@@ -71,20 +73,16 @@ def test_grpo_learns_the_toy_task(tmp_path: Path) -> None:
 
 
 def test_ppo_with_critic_learns_a_little(tmp_path: Path) -> None:
-    rows = run(
-        tmp_path,
-        "algorithm.adv_estimator=gae",
-        "actor_rollout_ref.rollout.n=1",
-        "data.train_batch_size=256",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=256",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=128",
-        "critic.ppo_mini_batch_size=256",
-        "critic.ppo_micro_batch_size_per_gpu=128",
-        "critic.optim.lr=2e-3",
-        "trainer.total_training_steps=30",
-        "trainer.val_before_train=false",
-    )
-    train = [r for r in rows if "critic/score/mean" in r]
+    """examples/tiny_ppo.yaml: GAE with a critic, one response per prompt."""
+    base = prepare(tmp_path)
+    args = [
+        str(PPO_EXAMPLE),
+        *(f"{k}={v}" for k, v in base.items()),
+        "trainer.save_freq=-1",
+        "trainer.test_freq=-1",
+    ]
+    assert main_ppo.main(args) == 0
+    train = read_metrics(Path(base["trainer.default_local_dir"]) / "metrics.jsonl")
     assert len(train) == 30
     assert "critic/vf_loss" in train[-1] and "critic/values/mean" in train[-1]
     first, last = (
