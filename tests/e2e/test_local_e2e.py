@@ -1,0 +1,279 @@
+"""Local end-to-end: `kubectl apply` an RLJob -> operator -> RayJob -> trainer on local Ray -> checkpoints in S3.
+
+Everything is real except Kubernetes itself (the API emulator) and KubeRay (the stand-in in
+e2e/local/kuberay.py, which runs the RayJob's own entrypoint on a local Ray cluster and reports RayJob
+status the way KubeRay does): the operator runs as its own process, `kubectl` is the real binary, the
+trainer trains the tiny demo model, and checkpoints go to a moto S3 server with credentials that reach
+the trainer only through the Secret named in `spec.checkpoint.secretRef`.
+
+Scenario 1: the job trains a few steps, checkpoints to S3 and ends Succeeded with its final checkpoint
+committed. Scenario 2: the Ray job is killed after a checkpoint; the operator starts attempt 2, whose
+trainer resumes from exactly that checkpoint and succeeds.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pathlib
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.local.kuberay import KubeRayStandIn
+from e2e.local.raycluster import LocalRayCluster
+from hybridflow import checkpoint, progress, storage
+from hybridflow.config import apply_overrides
+from hybridflow.demo import prepare
+from tests.support import binaries
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.operator_proc import Operator, wait_for
+from tests.support.s3 import MotoServer, make_bucket, s3_env
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny_grpo_rljob.yaml"
+RLJ, RAY = "rl.hybridflow.dev/v1alpha1", "ray.io/v1"
+BUCKET, SECRET = "rljob-e2e", "s3-credentials"
+#: One trainer run (driver start, one worker actor, a few sub-second steps) takes ~35 s on 2 idle cores.
+RUN_TIMEOUT_S = 240
+#: The example job made small and quick: one worker process, 16 prompts x 4 samples per step, no validation.
+QUICK = [
+    "trainer.n_gpus_per_node=1",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=0",
+    "data.train_batch_size=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
+]
+
+
+@dataclass
+class Stack:
+    """The running pieces, and how to reach them."""
+
+    kube: KubeEmulator
+    operator: Operator
+    kuberay: KubeRayStandIn
+    s3: MotoServer
+    kubectl: pathlib.Path
+    workdir: pathlib.Path
+    inputs: dict[str, str]
+
+    def run_kubectl(self, *args: str) -> str:
+        """Run the real kubectl against the emulator (own HOME: no user config or cache is touched)."""
+        env = {**os.environ, "KUBECONFIG": str(self.operator.kubeconfig), "HOME": str(self.workdir)}
+        done = subprocess.run([str(self.kubectl), *args], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
+        return done.stdout
+
+    def status(self, name: str) -> dict[str, Any]:
+        """The RLJob's status (empty before the operator's first write)."""
+        return self.kube.get(RLJ, "rljobs", name).get("status") or {}
+
+    def rayjob_status(self, name: str) -> dict[str, Any]:
+        """A RayJob's status (empty when it does not exist or has none yet)."""
+        found = self.kube.find(RAY, "rayjobs", name)
+        return (found or {}).get("status") or {}
+
+    def diagnostics(self, name: str) -> str:
+        """What to look at when a wait fails: statuses, the stand-in's view and the log tails."""
+        parts = [f"RLJob status: {json.dumps(self.status(name), indent=1)}"]
+        for rayjob in self.kube.list(RAY, "rayjobs", labels=f"rl.hybridflow.dev/rljob={name}"):
+            rj = rayjob["metadata"]["name"]
+            parts.append(f"RayJob {rj} status: {json.dumps(rayjob.get('status'), indent=1)}")
+            try:
+                parts.append(f"{rj} driver log tail:\n{self.kuberay.driver(rj).output()[-3000:]}")
+            except KeyError as err:
+                parts.append(str(err))
+        parts.append(f"stand-in waiting on: {self.kuberay.waiting}")
+        parts.append(f"operator log tail:\n{self.operator.log.read_text()[-3000:]}")
+        return "\n".join(parts)
+
+    def wait(self, name: str, check: Callable[[], Any], what: str, timeout: float = RUN_TIMEOUT_S) -> Any:
+        """wait_for with the job's diagnostics in the failure message; stops early once the RLJob has failed."""
+
+        def check_or_give_up() -> Any:
+            if self.status(name).get("phase") in ("Invalid", "Failed"):
+                raise AssertionError(f"RLJob {name} is {self.status(name)['phase']} while waiting for {what}")
+            return check()
+
+        try:
+            return wait_for(check_or_give_up, what, timeout)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{self.diagnostics(name)}") from None
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Emulator (RLJob + KubeRay CRDs), moto S3 with a bucket, local Ray, the KubeRay stand-in, the operator."""
+    try:
+        kubectl = binaries.ensure("kubectl")
+    except binaries.BinaryUnavailable as err:
+        pytest.skip(f"no kubectl binary: {err}")
+    workdir = tmp_path_factory.mktemp("e2e")
+    inputs = prepare(workdir / "demo")  # tiny model, toy tokenizer and data: no downloads
+    with pytest.MonkeyPatch.context() as mp:
+        s3 = MotoServer().start()
+        # The test process reads the bucket through hybridflow's own checkpoint/progress readers.
+        for key, value in s3_env(s3.url).items():
+            mp.setenv(key, value)
+        kube = ray = kuberay = operator = None
+        try:
+            make_bucket(s3.url, BUCKET)
+            kube = KubeEmulator(crd_files=sorted((ROOT / "crds").glob("*.yaml"))).start()
+            ray = LocalRayCluster(num_cpus=2, log_dir=workdir).start()
+            # Each pod could listen on 8000 for metrics; processes on one machine cannot: any free port.
+            kuberay = KubeRayStandIn(kube, ray, workdir / "kuberay",
+                                     env_overrides={"HYBRIDFLOW_METRICS_PORT": "0"}).start()
+            operator = Operator(kube, workdir / "operator")
+            operator.start()
+            yield Stack(kube, operator, kuberay, s3, kubectl, workdir, inputs)
+            assert "Traceback" not in operator.log.read_text(), operator.log.read_text()[-3000:]
+        finally:
+            for piece in (operator, kuberay, ray, kube, s3):
+                if piece is not None:
+                    piece.stop()
+
+
+def write_manifest(stack: Stack, name: str, *overrides: str) -> pathlib.Path:
+    """examples/tiny_grpo_rljob.yaml as `name`, on the prepared inputs, checkpointing to S3, plus its Secret."""
+    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"] = {"name": name}
+    inputs = [f"{key}={value}" for key, value in stack.inputs.items() if key != "trainer.default_local_dir"]
+    job["spec"]["config"] = apply_overrides(job["spec"]["config"], [*inputs, *QUICK, *overrides])
+    job["spec"]["checkpoint"] = {"uri": f"s3://{BUCKET}/runs/{name}", "secretRef": {"name": SECRET}}
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET}, "type": "Opaque",
+              "data": {k: base64.b64encode(v.encode()).decode() for k, v in s3_env(stack.s3.url).items()}}
+    path = stack.workdir / f"{name}.yaml"
+    # JSON documents (valid YAML): every key quoted, so kubectl's YAML 1.1 cannot read rollout.n as false.
+    path.write_text("\n---\n".join(json.dumps(doc, indent=1) for doc in (secret, job)) + "\n")
+    return path
+
+
+def get_rljobs_row(stack: Stack, name: str) -> dict[str, str]:
+    """`kubectl get rljobs` parsed into {column: value} for one job (the server-side table)."""
+    lines = stack.run_kubectl("get", "rljobs").splitlines()
+    # Cut at the header's column starts: empty cells (no progress yet) are blank, not "<none>".
+    starts = [m.start() for m in re.finditer(r"\S+", lines[0])]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    rows = [{lines[0][a:b].strip(): line[a:b].strip() for a, b in bounds} for line in lines[1:]]
+    found = [row for row in rows if row["NAME"] == name]
+    assert len(found) == 1, lines
+    return found[0]
+
+
+def steps_in_log(output: str) -> list[int]:
+    """Step numbers of the trainer's console lines (`step N/T | ...`)."""
+    return [int(m.group(1)) for m in re.finditer(r"^step (\d+)/\d+ \|", output, re.MULTILINE)]
+
+
+def metrics_steps(uri: str) -> list[int]:
+    """Steps in the trainer's metrics.jsonl next to the checkpoints."""
+    text = storage.read_bytes(f"{uri}/metrics.jsonl").decode()
+    return [json.loads(line)["step"] for line in text.splitlines() if line.strip()]
+
+
+def test_rljob_trains_checkpoints_to_s3_and_succeeds(stack: Stack) -> None:
+    name, uri = "e2e-tiny", f"s3://{BUCKET}/runs/e2e-tiny"
+    applied = stack.run_kubectl("apply", "--validate=false", "-f",
+                                str(write_manifest(stack, name, "trainer.total_training_steps=3",
+                                                   "trainer.save_freq=2")))
+    assert f"secret/{SECRET} created" in applied and f"rljob.rl.hybridflow.dev/{name} created" in applied
+
+    rayjob = stack.wait(name, lambda: stack.kube.find(RAY, "rayjobs", f"{name}-a1"), "the operator's RayJob")
+    assert rayjob["spec"]["entrypoint"].endswith(f"trainer.default_local_dir={uri} trainer.resume_mode=auto")
+    running = stack.wait(name, lambda: stack.rayjob_status(f"{name}-a1").get("jobStatus") == "RUNNING"
+                         and stack.rayjob_status(f"{name}-a1"), "the Ray job RUNNING")
+    assert running["jobDeploymentStatus"] == "Running" and running["jobId"].startswith(f"{name}-a1-")
+    cluster = stack.kube.get(RAY, "rayclusters", running["rayClusterName"])
+    assert cluster["metadata"]["ownerReferences"][0]["name"] == f"{name}-a1"
+    assert running["dashboardURL"] == f"{running['rayClusterName']}-head-svc.default.svc.cluster.local:8265"
+    stack.wait(name, lambda: stack.status(name).get("phase") == "Running", "RLJob phase Running")
+    assert stack.status(name)["dashboardURL"] == running["dashboardURL"]
+
+    stack.wait(name, lambda: stack.status(name).get("phase") == "Succeeded", "RLJob phase Succeeded")
+    final = stack.rayjob_status(f"{name}-a1")
+    assert (final["jobDeploymentStatus"], final["jobStatus"], final["succeeded"]) == ("Complete", "SUCCEEDED", 1)
+    assert final["endTime"] >= final["startTime"]
+    stack.wait(name, lambda: stack.kube.find(RAY, "rayclusters", running["rayClusterName"]) is None,
+               "RayCluster deleted after the job (shutdownAfterJobFinishes)", timeout=20)
+    output = stack.kuberay.driver(f"{name}-a1").output()
+    assert "training finished at global step 3" in output and steps_in_log(output) == [1, 2, 3]
+
+    # The final checkpoint is in S3 and committed (marker matches manifest, every file's checksum).
+    assert checkpoint.find_latest_committed(uri) == 3
+    assert checkpoint.verify_step(checkpoint.step_dir(uri, 3), deep=True) is None
+    assert storage.read_bytes(f"{uri}/{checkpoint.LATEST_FILE}").decode().strip() == "3"
+    assert metrics_steps(uri) == [1, 2, 3]
+    record = progress.read_progress(uri)
+    assert record is not None and (record.step, record.total_steps, record.attempt) == (3, 3, 1)
+
+    row = get_rljobs_row(stack, name)
+    assert (row["PHASE"], row["ATTEMPT"]) == ("Succeeded", "1"), row
+    # STEP/TOTAL/REWARD fill in once the operator reads the trainer's progress (its read_progress hook).
+    if stack.status(name).get("progress"):
+        assert (row["STEP"], row["TOTAL"]) == ("3", "3"), row
+
+
+def test_killed_attempt_resumes_from_its_checkpoint(stack: Stack) -> None:
+    name, uri = "e2e-resume", f"s3://{BUCKET}/runs/e2e-resume"
+    total = 8
+    applied = stack.run_kubectl("apply", "--validate=false", "-f",
+                                str(write_manifest(stack, name, f"trainer.total_training_steps={total}",
+                                                   "trainer.save_freq=2")))
+    assert f"rljob.rl.hybridflow.dev/{name} created" in applied
+
+    stack.wait(name, lambda: stack.rayjob_status(f"{name}-a1").get("jobStatus") == "RUNNING", "attempt 1 RUNNING")
+    stack.wait(name, lambda: _latest_step(stack, uri), "attempt 1's first committed checkpoint")
+    stack.kuberay.kill(f"{name}-a1")  # the Ray job dies (driver and its actors) right after a checkpoint
+    resume_from = checkpoint.find_latest_committed(uri)
+    assert resume_from is not None and 2 <= resume_from < total, resume_from
+    first_run = stack.kuberay.driver(f"{name}-a1").output()
+    assert "training finished" not in first_run
+
+    failed = stack.wait(name, lambda: stack.rayjob_status(f"{name}-a1").get("jobDeploymentStatus") == "Failed"
+                        and stack.rayjob_status(f"{name}-a1"), "attempt 1 reported Failed", timeout=30)
+    assert (failed["jobStatus"], failed["reason"]) == ("FAILED", "AppFailed")
+    assert "exit code -9" in failed["message"]
+    second = stack.wait(name, lambda: stack.kube.find(RAY, "rayjobs", f"{name}-a2"), "the retry's RayJob",
+                        timeout=60)
+    assert "trainer.resume_mode=auto" in second["spec"]["entrypoint"]
+    stack.wait(name, lambda: stack.status(name).get("attempt") == 2, "status.attempt 2", timeout=30)
+    assert stack.status(name)["lastFailure"]["reason"] == "AppFailed"
+
+    stack.wait(name, lambda: stack.status(name).get("phase") == "Succeeded", "RLJob phase Succeeded")
+    retry = stack.kuberay.driver(f"{name}-a2").output()
+    resumed_at = checkpoint.step_dir(uri, resume_from)
+    assert f"resumed from {resumed_at} (global step {resume_from})" in retry, retry[-3000:]
+    assert steps_in_log(retry) == list(range(resume_from + 1, total + 1)), retry[-3000:]
+    assert f"training finished at global step {total}" in retry
+    assert checkpoint.find_latest_committed(uri) == total
+    record = progress.read_progress(uri)
+    assert record is not None and (record.step, record.attempt) == (total, 2)
+    assert metrics_steps(uri)[-1] == total
+
+    row = get_rljobs_row(stack, name)
+    assert (row["PHASE"], row["ATTEMPT"]) == ("Succeeded", "2"), row
+
+
+def _latest_step(stack: Stack, uri: str) -> int | None:
+    """The step named by latest_checkpointed_iteration.txt (written only after a step is committed)."""
+    try:
+        return int(storage.read_bytes(f"{uri}/{checkpoint.LATEST_FILE}").decode().strip())
+    except FileNotFoundError:
+        return None
+    finally:
+        time.sleep(0.05)  # poll S3 fast (a step takes ~0.5 s), but not in a hot loop
