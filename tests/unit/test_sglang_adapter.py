@@ -116,9 +116,12 @@ def test_sampling_translation_greedy_and_sampled() -> None:
     assert sp["temperature"] == 0.7 and sp["top_p"] == 0.9 and sp["top_k"] == -1 and sp["max_new_tokens"] == 7
     # meta_info wins over keyword overrides; temperature 0 means greedy whatever do_sample says
     greedy = resolve_sampling(cfg, 7, {"temperature": 0.7}, {"temperature": 0.0, "response_length": 3})
-    sp = sampling_params(greedy, [EOS, 5], ignore_eos=True)
+    sp = sampling_params(greedy, [EOS, 5], ignore_eos=False)
     assert (sp["temperature"], sp["top_p"], sp["top_k"], sp["max_new_tokens"]) == (0.0, 1.0, -1, 3)
-    assert sp["stop_token_ids"] == [EOS, 5] and sp["ignore_eos"] is True
+    assert sp["stop_token_ids"] == [EOS, 5] and sp["ignore_eos"] is False
+    # ignore_eos: no stop tokens either (they would still end the response)
+    sp = sampling_params(greedy, [EOS, 5], ignore_eos=True)
+    assert sp["stop_token_ids"] == [] and sp["ignore_eos"] is True
 
 
 def test_parse_output_restores_a_dropped_stop_token_and_reads_logprobs() -> None:

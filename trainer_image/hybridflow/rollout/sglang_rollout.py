@@ -61,7 +61,7 @@ def sampling_params(params: Mapping[str, Any], stop_token_ids: Sequence[int], ig
         "top_p": 1.0 if greedy else float(params["top_p"]),
         "top_k": -1 if greedy else int(params["top_k"]),
         "max_new_tokens": int(params["response_length"]),
-        "stop_token_ids": list(stop_token_ids),
+        "stop_token_ids": [] if ignore_eos else list(stop_token_ids),
         "ignore_eos": ignore_eos,
         "skip_special_tokens": False,
     }

@@ -114,6 +114,8 @@ class VLLMRollout(RolloutEngine):
         kwargs.update(engine_overrides)
         if self.device.type == "cpu":
             _cpu_environment()
+        elif kwargs.get("distributed_executor_backend") == "external_launcher":
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the launcher needs the in-process engine
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.llm = LLM(**kwargs)
         gen = self.llm.llm_engine.model_config.hf_config
@@ -186,6 +188,7 @@ class VLLMRollout(RolloutEngine):
         from vllm import SamplingParams
 
         greedy = params["greedy"]
+        ignore_eos = bool(_get(self.config, "ignore_eos", False))
         return SamplingParams(
             n=1,
             temperature=0.0 if greedy else float(params["temperature"]),
@@ -193,8 +196,9 @@ class VLLMRollout(RolloutEngine):
             top_k=-1 if greedy else params["top_k"],
             max_tokens=int(params["response_length"]),
             logprobs=0 if params["calculate_log_probs"] else None,
-            stop_token_ids=list(self.eos_token_id),
-            ignore_eos=bool(_get(self.config, "ignore_eos", False)),
+            # stop_token_ids are honoured even with ignore_eos, so pass them only when EOS stops
+            stop_token_ids=None if ignore_eos else list(self.eos_token_id),
+            ignore_eos=ignore_eos,
             detokenize=False,
         )
 
