@@ -1,7 +1,8 @@
 """kopf handlers: the only module with @kopf decorators; each hands off to `Runtime.reconcile`.
 
 Triggers: an RLJob resumed/created/updated; an event on one of our RayJobs (routed to its owner by
-the `rl.hybridflow.dev/rljob` label); a periodic resync (level-based, and the progress hook). The
+the `rl.hybridflow.dev/rljob` label); a periodic resync (level-based; it also reads each running
+trainer's progress into status and restarts an attempt whose step stops advancing, issue 6). The
 resync is our own task rather than `@kopf.timer`, because kopf 1.45 puts a finalizer on every object
 with a timer, and deletion should need no running operator. Two kopf
 indexes keep the RLJobs and our RayJobs in memory, so a reconcile needs no extra reads. kopf fills
@@ -21,12 +22,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import kopf
 
 from rljob_operator import api, metrics, names, peering, reconcile
 from rljob_operator.builders import RAY_API_VERSION
 from rljob_operator.kube import KubeApiError, KubeClient, load_credentials
+from rljob_operator.reconcile import TrainerRead
 from rljob_operator.settings import Settings
+from rljob_operator.status import TERMINAL_PHASES, attempt_of
+from rljob_operator.trainer_progress import StepWatch, is_stalled, stall_message, watch_step
 
 RLJOBS = (api.GROUP, api.VERSION, api.PLURAL)
 RAYJOBS = (*RAY_API_VERSION.split("/"), "rayjobs")
@@ -39,13 +44,10 @@ def plain(body: Mapping[str, Any]) -> dict[str, Any]:
     return {k: copy.deepcopy(v) for k, v in body.items()}
 
 
-def read_progress(rljob: dict[str, Any], rayjob: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Hook for the trainer's progress and metrics (status.progress/metrics/checkpoint).
-
-    Not implemented yet (a later issue): it will read the driver's Prometheus endpoint or the JSONL
-    next to the checkpoints and return a status fragment; None means "nothing new".
-    """
-    return None
+def current_rayjob(rljob: dict[str, Any], rayjobs: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The RayJob of the RLJob's current attempt (status.attempt), if it is known."""
+    attempt = (rljob.get("status") or {}).get("attempt")
+    return next((r for r in rayjobs if attempt_of(r) == attempt), None)
 
 
 @dataclass
@@ -62,8 +64,18 @@ class Runtime:
     #: kopf's live indexes, captured from the first handler call (activities do not receive them).
     indexes: dict[str, Any] = field(default_factory=lambda: {"rljobs": {}, "rayjobs": {}})
     resync_task: asyncio.Task[None] | None = None
+    #: HTTP session for reading trainers' /metrics (opened at start-up).
+    trainers: aiohttp.ClientSession | None = None
+    #: Per RLJob uid: the stall clock of its running attempt.
+    watches: dict[str, StepWatch] = field(default_factory=dict)
+    #: RLJobs whose trainer was read while running (they get one last read once finished).
+    reading: set[str] = field(default_factory=set)
+    #: Per RLJob uid: the last reason its progress could not be read (logged when it changes).
+    unread: dict[str, str] = field(default_factory=dict)
+    read_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
 
-    async def reconcile(self, rljob: dict[str, Any], rayjobs: Iterable[dict[str, Any]], trigger: str) -> None:
+    async def reconcile(self, rljob: dict[str, Any], rayjobs: Iterable[dict[str, Any]], trigger: str, *,
+                        progress: dict[str, Any] | None = None, stalled: str | None = None) -> None:
         """Reconcile one RLJob under its lock, using the newest copy of it we know of."""
         uid = rljob["metadata"]["uid"]
         async with self.locks[uid]:
@@ -73,7 +85,8 @@ class Runtime:
             try:
                 with metrics.RECONCILE_SECONDS.time():
                     plan, written = await reconcile.reconcile(self.client, rljob, list(rayjobs),
-                                                              datetime.datetime.now(datetime.timezone.utc))
+                                                              datetime.datetime.now(datetime.timezone.utc),
+                                                              progress=progress, stalled=stalled)
             except Exception as err:
                 metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=type(err).__name__).inc()
                 raise
@@ -82,19 +95,28 @@ class Runtime:
             self.tracker.set(uid, plan.status.get("phase"))
 
     async def resync_forever(self) -> None:
-        """Every `resync_seconds`, reconcile every known RLJob again (and read its progress)."""
+        """Every `resync_seconds`, reconcile every known RLJob again, with its trainer's progress."""
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
             if not await self.active():
                 continue
+            jobs = []
             for uid, known in list(self.latest.items()):
                 key = (known["metadata"]["namespace"], known["metadata"]["name"])
                 current = max([known, *self.indexes["rljobs"].get(key, [])],
                               key=lambda o: int(o["metadata"]["resourceVersion"]))
-                rayjobs = list(self.indexes["rayjobs"].get(key, []))
-                read_progress(current, max(rayjobs, key=lambda r: r["metadata"]["name"], default=None))
+                jobs.append((uid, key, current, list(self.indexes["rayjobs"].get(key, []))))
+            # Trainers are read concurrently (a slow endpoint costs its timeout once, not once per job).
+            reads = await asyncio.gather(*(self.read_trainer(uid, job, rayjobs) for uid, _, job, rayjobs in jobs),
+                                         return_exceptions=True)
+            now = datetime.datetime.now(datetime.timezone.utc)
+            for (uid, key, current, rayjobs), got in zip(jobs, reads, strict=True):
+                if isinstance(got, BaseException):
+                    log.error("reading the trainer of %s/%s failed: %r", *key, got)
+                read = got if isinstance(got, TrainerRead) else None
                 try:
-                    await self.reconcile(current, rayjobs, "timer")
+                    await self.reconcile(current, rayjobs, "timer", progress=read.fragment if read else None,
+                                         stalled=self.check_stall(uid, current, read, now))
                 except KubeApiError as err:
                     if err.code == 404:
                         self.forget(uid)  # deleted while we were not looking
@@ -102,6 +124,42 @@ class Runtime:
                         log.warning("resync of %s/%s failed: %s", *key, err)
                 except Exception:  # keep the loop alive; the error is counted in metrics
                     log.exception("resync of %s/%s failed", *key)
+
+    async def read_trainer(self, uid: str, rljob: dict[str, Any],
+                           rayjobs: list[dict[str, Any]]) -> TrainerRead | None:
+        """Read the trainer of a running RLJob (and once more when it finished); None: not read."""
+        phase = (rljob.get("status") or {}).get("phase")
+        if phase == "Running":
+            self.reading.add(uid)
+        elif phase in TERMINAL_PHASES and uid in self.reading:
+            self.reading.discard(uid)  # the last steps may have landed after the previous read
+        else:
+            return None
+        async with self.read_slots:
+            if self.trainers is None:
+                self.trainers = aiohttp.ClientSession()
+            read = await reconcile.read_progress(self.trainers, rljob, current_rayjob(rljob, rayjobs),
+                                                 url_template=self.settings.trainer_metrics_url)
+        problem = "; ".join(read.problems) if read.fragment is None else ""
+        if problem and problem != self.unread.get(uid):
+            log.warning("cannot read the progress of RLJob %s/%s: %s", rljob["metadata"]["namespace"],
+                        rljob["metadata"]["name"], problem)
+        self.unread[uid] = problem
+        return read
+
+    def check_stall(self, uid: str, rljob: dict[str, Any], read: TrainerRead | None,
+                    now: datetime.datetime) -> str | None:
+        """Keep the stall clock of a running attempt; the stall message once no step came for the timeout."""
+        status, spec = rljob.get("status") or {}, rljob.get("spec") or {}
+        timeout = (spec.get("runPolicy") or {}).get("stallTimeoutSeconds")
+        if status.get("phase") != "Running" or not timeout:
+            self.watches.pop(uid, None)  # the clock only runs while the trainer runs
+            return None
+        step = (((read.fragment if read else None) or {}).get("progress") or {}).get("step")
+        watch = self.watches[uid] = watch_step(self.watches.get(uid), int(status.get("attempt") or 1), step, now)
+        if not is_stalled(watch, now, int(timeout)):
+            return None
+        return stall_message(watch, int(timeout), self.unread.get(uid) or None)
 
     async def active(self) -> bool:
         """Whether this replica is the active one (kopf pauses its handlers, not our resync task)."""
@@ -119,6 +177,9 @@ class Runtime:
         """Drop a deleted RLJob from caches and metrics."""
         self.latest.pop(uid, None)
         self.locks.pop(uid, None)
+        self.watches.pop(uid, None)
+        self.unread.pop(uid, None)
+        self.reading.discard(uid)
         self.tracker.set(uid, None)
 
 
@@ -158,6 +219,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
         if runtime.resync_task is not None:
             runtime.resync_task.cancel()
         await runtime.client.__aexit__(None, None, None)
+        if runtime.trainers is not None:
+            await runtime.trainers.close()
         if runtime.http is not None:
             await runtime.http.cleanup()
 

@@ -3,18 +3,34 @@
 Level-based and idempotent: the plan (`status.decide`) is computed from what is observed; child names
 are fixed by the plan before any write; creates that hit 409 read the existing object instead; the
 status is patched only when it differs from the one observed. Safe to run again at any moment.
+
+`read_progress` is the other I/O here: it asks a running trainer how far it got (its Prometheus
+endpoint, else the progress record beside its checkpoints) for status.progress/metrics/checkpoint.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
-from rljob_operator import api, metrics, names
+import aiohttp
+
+from rljob_operator import api, changes, metrics, names
 from rljob_operator.builders import RAY_API_VERSION, build_children
 from rljob_operator.kube import KubeApiError, KubeClient
+from rljob_operator.settings import TRAINER_METRICS_URL
 from rljob_operator.status import Plan, attempt_of, decide
+from rljob_operator.trainer_progress import (
+    PROGRESS_FILE,
+    TrainerReport,
+    build_progress_status,
+    parse_progress_record,
+    parse_trainer_metrics,
+    trainer_metrics_url,
+)
 from rljob_operator.validation import validate_rljob
 
 Obj = dict[str, Any]
@@ -78,13 +94,18 @@ def _status_patch(old: Obj, new: Obj) -> Obj:
     return {**{k: None for k in old if k not in new}, **new}
 
 
-async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: datetime.datetime) -> tuple[Plan, Obj]:
-    """Reconcile one RLJob given its observed RayJobs; returns the plan and the RLJob as last written/seen."""
+async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: datetime.datetime, *,
+                    progress: Obj | None = None, stalled: str | None = None) -> tuple[Plan, Obj]:
+    """Reconcile one RLJob given its observed RayJobs; returns the plan and the RLJob as last written/seen.
+
+    `progress`: a status fragment from `read_progress` (progress/metrics/checkpoint) to write with the
+    status. `stalled`: the stall message when the current attempt made no progress for the stall timeout.
+    """
     meta = rljob["metadata"]
     ns, name = meta["namespace"], meta["name"]
     owned = [r for r in rayjobs if owned_by(r, rljob)]
     problems = validate_rljob(rljob)
-    plan = decide(rljob, owned, problems, now)
+    plan = decide(rljob, owned, problems, now, stalled=stalled)
     created_attempt = None
     for stale in plan.stop:
         await stop_rayjob(client, ns, stale)
@@ -109,6 +130,8 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
             reasons = {e.reason for e in first_events}
             plan.events = first_events + [e for e in plan.events if e.reason not in reasons]
     old_status = rljob.get("status") or {}
+    if progress and not problems:
+        plan.status = {**plan.status, **progress}
     if plan.status != old_status:
         rljob = await client.patch(api.API_VERSION, api.PLURAL, ns, name,
                                    {"status": _status_patch(old_status, plan.status)}, subresource="status")
@@ -120,3 +143,72 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     for event in plan.events:
         await client.post_event(rljob, event.type, event.reason, event.message, now)
     return plan, rljob
+
+
+@dataclass
+class TrainerRead:
+    """One look at a trainer: the status fragment (None: nothing could be read) and what failed on the way."""
+
+    fragment: Obj | None
+    problems: list[str] = field(default_factory=list)
+
+
+def progress_root(rljob: Obj, rayjob: Obj | None) -> str:
+    """Where the attempt keeps checkpoints and progress.json: the location its RayJob was built with."""
+    pinned = changes.pinned_location([rayjob]) if rayjob is not None else None
+    return pinned or changes.checkpoint_location(rljob)
+
+
+def _read_file(uri: str) -> bytes:
+    """Read a whole (small) object through fsspec, configured like the trainer (AWS_* variables)."""
+    try:
+        from hybridflow.storage import open_fs  # fsspec: part of the operator extra
+    except ImportError as err:
+        raise OSError(f"fsspec is missing ({err}); install rljob-hybridflow[operator]") from None
+    fs, path = open_fs(uri)
+    data: bytes = fs.cat_file(path)
+    return data
+
+
+async def _read_metrics(session: aiohttp.ClientSession, url: str, timeout: float) -> TrainerReport:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+        if resp.status != 200:
+            raise ValueError(f"HTTP {resp.status}")
+        report = parse_trainer_metrics(await resp.text())
+    if report is None:
+        raise ValueError("no hybridflow_step metric (is it a hybridflow trainer?)")
+    return report
+
+
+async def read_progress(session: aiohttp.ClientSession, rljob: Obj, rayjob: Obj | None, *,
+                        url_template: str = TRAINER_METRICS_URL, timeout: float = 3.0) -> TrainerRead:
+    """Read a trainer's progress: its /metrics (through the head Service), else `<checkpoints>/progress.json`.
+
+    Issue 6: the endpoint is the live source; the record beside the checkpoints is the fallback when the
+    pods cannot be reached (the cluster is starting, gone or partitioned). Never raises: what failed is
+    in `problems`, for a log line and the stall message.
+    """
+    root = progress_root(rljob, rayjob)
+    problems: list[str] = []
+    report: TrainerReport | None = None
+    url = trainer_metrics_url(rayjob, template=url_template)
+    if url is None:
+        problems.append("the RayJob names no Ray cluster yet")
+    else:
+        try:
+            report = await _read_metrics(session, url, timeout)
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, UnicodeDecodeError) as err:
+            problems.append(f"{url}: {str(err) or type(err).__name__}")
+    if report is None and root:
+        uri = f"{root.rstrip('/')}/{PROGRESS_FILE}"
+        try:
+            report = parse_progress_record(await asyncio.wait_for(asyncio.to_thread(_read_file, uri), 4 * timeout))
+            if report is None:
+                problems.append(f"{uri}: not a hybridflow progress record")
+        except FileNotFoundError:
+            problems.append(f"{uri}: not written yet")
+        except asyncio.TimeoutError:
+            problems.append(f"{uri}: no answer within {4 * timeout:g}s")
+        except Exception as err:  # any storage error (credentials, driver missing): degrade to "unknown"
+            problems.append(f"{uri}: {str(err) or type(err).__name__}")
+    return TrainerRead(build_progress_status(report, root) if report is not None else None, problems)

@@ -106,7 +106,7 @@ def _converge(job: dict[str, Any], rayjobs: dict[int, dict[str, Any]], stalled: 
 
 @pytest.mark.parametrize("backoff", [0, 1, 3])
 def test_a_job_that_always_stalls_gets_backoff_limit_retries(backoff: int) -> None:
-    job, rayjobs = rljob(backoff=backoff), {}
+    job, rayjobs = rljob(backoff=backoff), dict[int, dict[str, Any]]()
     reasons: list[str] = []
     for _ in range(4 * (backoff + 2)):
         reasons += _converge(job, rayjobs, None)  # not stalled yet: create / observe
