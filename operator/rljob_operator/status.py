@@ -259,10 +259,10 @@ def failures_before(old: Obj, by_attempt: dict[int, Obj], attempt: int) -> int:
     every failed RayJob still visible counts, which is what that operator did.
     """
     recorded = old.get("failedAttempts")
-    known = isinstance(recorded, int) and not isinstance(recorded, bool)
-    since = int(old.get("attempt") or 1) if known else 1
+    counted = recorded if isinstance(recorded, int) and not isinstance(recorded, bool) else None
+    since = int(old.get("attempt") or 1) if counted is not None else 1
     seen = sum(1 for a, r in by_attempt.items() if since <= a < attempt and rayjob_outcome(r) == "failed")
-    return (int(recorded) if known else 0) + seen
+    return (counted or 0) + seen
 
 
 def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: datetime.datetime,
