@@ -182,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="let vLLM compile (slower start, faster decode)")
     parser.add_argument("--model-dir", default=str(ROOT / "outputs" / "bench" / "smollm2-135m"))
     args = parser.parse_args(argv)
+    # all cores for every contender; without it vLLM drops this process to 1 torch thread
+    os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
     try:
         model_dir = smollm2_dir(Path(args.model_dir))
     except FileNotFoundError as err:
@@ -194,8 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     prompts = build_prompts(model_dir, args.prompts)
     results: dict[str, tuple[float, int]] = {}
-    for name, fn in (("ours", run_ours), ("vllm", run_bare_vllm), ("hf", run_hf)):
+    # HF before the in-process vLLM engine, which rebinds this process's OpenMP threads
+    for name, fn in (("ours", run_ours), ("hf", run_hf), ("vllm", run_bare_vllm)):
         results[name] = fn(model_dir, prompts, args)
+    results = {k: results[k] for k in ("ours", "vllm", "hf")}
     tps = {k: tokens / seconds for k, (seconds, tokens) in results.items()}
     print(f"model {model_dir.name}, {args.prompts} prompts x {args.response_length} tokens, {args.dtype}, "
           f"{'compiled' if args.compile else 'eager'}, best of {args.repeats}")

@@ -232,8 +232,11 @@ class VLLMRollout(RolloutEngine):
         if "weights" in self.asleep:
             self.llm.wake_up(tags=["weights"])
             self.asleep.discard("weights")
+        # cast to the engine's dtype here: vLLM would convert too, warning once per tensor per sync
+        dtype = self.llm.llm_engine.model_config.dtype
+        weights = ((name, t.detach().to(dtype) if t.is_floating_point() else t.detach()) for name, t in weights)
         if self.in_process:
-            items = [(name, t.detach()) for name, t in weights]
+            items = list(weights)
             self.llm.collective_rpc(_reload_in_process, args=(items,))
         else:
             self.llm.collective_rpc("hf_load_weights_bytes", args=(_state_dict_to_bytes(weights),))

