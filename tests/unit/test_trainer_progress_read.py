@@ -111,7 +111,7 @@ def _read_step(step: int | None) -> TrainerRead:
 
 
 def test_stall_clock_of_the_resync() -> None:
-    runtime = Runtime(settings=Settings(), client=None)  # type: ignore[arg-type]  # no API calls here
+    runtime = Runtime(settings=Settings(), client=None)  # no API calls here
     job = rljob("/x", stall=60, phase="Running", attempt=1)
     at = [NOW + datetime.timedelta(seconds=s) for s in (0, 50, 100, 161, 170)]
     assert runtime.check_stall("u1", job, _read_step(5), at[0]) is None
