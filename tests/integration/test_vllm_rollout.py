@@ -124,3 +124,30 @@ def test_sampling_with_temperature_gives_scaled_logprobs(setup: dict[str, Any]) 
         logits = setup["m0"](input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -6:-1] / 0.7
     ref = torch.log_softmax(logits, -1).gather(-1, b["responses"].unsqueeze(-1)).squeeze(-1) * b["response_mask"]
     torch.testing.assert_close(b["rollout_log_probs"], ref, atol=LOGPROB_ATOL, rtol=0)
+
+
+@pytest.mark.slow
+def test_multiprocess_engine_syncs_through_the_worker_extension(
+    setup: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's default on GPU: the engine core in its own process; weights travel as safetensors bytes."""
+    from hybridflow.rollout.vllm_rollout import VLLMRollout
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    setup["m0"].save_pretrained(tmp_path / "m0")
+    setup["tok"].save_pretrained(tmp_path / "m0")
+    cfg = {"dtype": "float32", "enforce_eager": True, "load_format": "auto", "prompt_length": 8,
+           "calculate_log_probs": True, "max_num_seqs": 16}
+    engine = VLLMRollout(str(tmp_path / "m0"), config=cfg, device="cpu", response_length=RESP)
+    assert not engine.in_process
+    try:
+        prompts = make_prompts(setup["tok"], ["12+3=", "4+4="])
+        before = engine.generate(prompts, do_sample=False)
+        engine.load_weights(setup["m1"].state_dict().items())
+        after = engine.generate(prompts, do_sample=False)
+        assert not torch.equal(before.batch["responses"], after.batch["responses"])
+        torch.testing.assert_close(
+            after.batch["rollout_log_probs"], hf_log_probs(setup["m1"], after), atol=LOGPROB_ATOL, rtol=0
+        )
+    finally:
+        engine.llm.llm_engine.engine_core.shutdown()
