@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from e2e.local.pod import PodFields, PodNotReady, PodRoot, resolve_env
-from e2e.local.raycluster import RAY_ENV, LocalRayCluster
+from e2e.local.raycluster import RAY_ENV
 from rljob_operator import names
 from rljob_operator.localrun import localize_entrypoint
 from tests.support.kube_emulator import KubeEmulator
@@ -120,15 +120,15 @@ class Driver:
 
 
 class KubeRayStandIn:
-    """Watches RayJobs in `kube` from a thread and runs them on `ray` (see the module docstring)."""
+    """Watches RayJobs in `kube` from a thread and runs them on the Ray cluster at `ray_address`."""
 
-    def __init__(self, kube: KubeEmulator, ray: LocalRayCluster, workdir: Path,
+    def __init__(self, kube: KubeEmulator, ray_address: str, workdir: Path,
                  env_overrides: Mapping[str, str] | None = None, poll_s: float = 0.5) -> None:
         """`env_overrides` are set last in every driver's environment: what a pod has to itself but a
         shared machine does not (e.g. the metrics port: every pod may listen on 8000, processes here may not).
         """
         self.kube = kube
-        self.ray = ray
+        self.ray_address = ray_address
         self.workdir = workdir
         self.env_overrides = dict(env_overrides or {})
         self.poll_s = poll_s
@@ -354,7 +354,7 @@ class KubeRayStandIn:
         image_env = {k: os.environ[k] for k in IMAGE_ENV if k in os.environ}
         image_env["PATH"] = f"{Path(sys.executable).parent}:{image_env.get('PATH', '/usr/bin:/bin')}"
         env = {**image_env, **pod_env, **runtime_env_vars(spec.get("runtimeEnvYAML")), **RAY_ENV,
-               "RAY_ADDRESS": self.ray.address, "PYTHONUNBUFFERED": "1", **self.env_overrides}
+               "RAY_ADDRESS": self.ray_address, "PYTHONUNBUFFERED": "1", **self.env_overrides}
         cwd = root.local("/home/ray")
         cwd.mkdir(parents=True, exist_ok=True)
         log_path = self.workdir / ns / name / "driver.log"

@@ -73,7 +73,7 @@ def _source(read: Reader, kind: str, ref: Obj, key: str | None = None) -> str | 
         if ref.get("optional"):
             return None
         raise PodNotReady("CreateContainerConfigError",
-                          f"couldn't find key {key} in {kind} {obj['metadata'].get('namespace')}/{ref['name']}")
+                          f"couldn't find key {key} in {kind} {ref['name']!r}")
     return data[key]
 
 

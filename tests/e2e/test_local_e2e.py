@@ -13,7 +13,6 @@ trainer resumes from exactly that checkpoint and succeeds.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import pathlib
@@ -25,12 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import yaml
 
+from e2e.local import manifest
 from e2e.local.kuberay import KubeRayStandIn
 from e2e.local.raycluster import LocalRayCluster
 from hybridflow import checkpoint, progress, storage
-from hybridflow.config import apply_overrides
 from hybridflow.demo import prepare
 from tests.support import binaries
 from tests.support.kube_emulator import KubeEmulator
@@ -40,23 +38,10 @@ from tests.support.s3 import MotoServer, make_bucket, s3_env
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "tiny_grpo_rljob.yaml"
 RLJ, RAY = "rl.hybridflow.dev/v1alpha1", "ray.io/v1"
 BUCKET, SECRET = "rljob-e2e", "s3-credentials"
 #: One trainer run (driver start, one worker actor, a few sub-second steps) takes ~35 s on 2 idle cores.
 RUN_TIMEOUT_S = 240
-#: The example job made small and quick: one worker process, 16 prompts x 4 samples per step, no validation.
-QUICK = [
-    "trainer.n_gpus_per_node=1",
-    "trainer.val_before_train=false",
-    "trainer.test_freq=0",
-    "data.train_batch_size=16",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32",
-]
 
 
 @dataclass
@@ -69,7 +54,6 @@ class Stack:
     s3: MotoServer
     kubectl: pathlib.Path
     workdir: pathlib.Path
-    inputs: dict[str, str]
 
     def run_kubectl(self, *args: str) -> str:
         """Run the real kubectl against the emulator (own HOME: no user config or cache is touched)."""
@@ -125,6 +109,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         pytest.skip(f"no kubectl binary: {err}")
     workdir = tmp_path_factory.mktemp("e2e")
     inputs = prepare(workdir / "demo")  # tiny model, toy tokenizer and data: no downloads
+    # The cluster scripts name the same inputs without preparing them here: same layout, by construction.
+    assert {k: v for k, v in inputs.items() if k != "trainer.default_local_dir"} == \
+        manifest.input_overrides(str(workdir / "demo"))
     with pytest.MonkeyPatch.context() as mp:
         s3 = MotoServer().start()
         # The test process reads the bucket through hybridflow's own checkpoint/progress readers.
@@ -136,11 +123,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             kube = KubeEmulator(crd_files=sorted((ROOT / "crds").glob("*.yaml"))).start()
             ray = LocalRayCluster(num_cpus=2, log_dir=workdir).start()
             # Each pod could listen on 8000 for metrics; processes on one machine cannot: any free port.
-            kuberay = KubeRayStandIn(kube, ray, workdir / "kuberay",
+            kuberay = KubeRayStandIn(kube, ray.address, workdir / "kuberay",
                                      env_overrides={"HYBRIDFLOW_METRICS_PORT": "0"}).start()
             operator = Operator(kube, workdir / "operator")
             operator.start()
-            yield Stack(kube, operator, kuberay, s3, kubectl, workdir, inputs)
+            yield Stack(kube, operator, kuberay, s3, kubectl, workdir)
             assert "Traceback" not in operator.log.read_text(), operator.log.read_text()[-3000:]
         finally:
             for piece in (operator, kuberay, ray, kube, s3):
@@ -149,17 +136,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def write_manifest(stack: Stack, name: str, *overrides: str) -> pathlib.Path:
-    """examples/tiny_grpo_rljob.yaml as `name`, on the prepared inputs, checkpointing to S3, plus its Secret."""
-    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
-    job["metadata"] = {"name": name}
-    inputs = [f"{key}={value}" for key, value in stack.inputs.items() if key != "trainer.default_local_dir"]
-    job["spec"]["config"] = apply_overrides(job["spec"]["config"], [*inputs, *QUICK, *overrides])
-    job["spec"]["checkpoint"] = {"uri": f"s3://{BUCKET}/runs/{name}", "secretRef": {"name": SECRET}}
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": SECRET}, "type": "Opaque",
-              "data": {k: base64.b64encode(v.encode()).decode() for k, v in s3_env(stack.s3.url).items()}}
+    """The shared e2e RLJob (e2e/local/manifest.py) on the prepared inputs, checkpointing to S3, plus its Secret."""
+    job = manifest.render_rljob(name, inputs_dir=str(stack.workdir / "demo"),
+                                checkpoint_uri=f"s3://{BUCKET}/runs/{name}", secret=SECRET, overrides=overrides)
     path = stack.workdir / f"{name}.yaml"
-    # JSON documents (valid YAML): every key quoted, so kubectl's YAML 1.1 cannot read rollout.n as false.
-    path.write_text("\n---\n".join(json.dumps(doc, indent=1) for doc in (secret, job)) + "\n")
+    path.write_text(manifest.dump([manifest.render_secret(SECRET, s3_env(stack.s3.url)), job]))
     return path
 
 

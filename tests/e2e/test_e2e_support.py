@@ -1,0 +1,208 @@
+"""The e2e support code on its own: kubelet-like env/volumes, the KubeRay stand-in's state machine, the manifest.
+
+The state-machine tests use the operator's real builders for the RayJob and ConfigMap, and a trainer
+config that main_ppo rejects at once (exit 2, before Ray), so the driver is real but quick and no Ray
+cluster is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import pathlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.local.kuberay import FINALIZER, KubeRayStandIn, runtime_env_vars
+from e2e.local.pod import PodFields, PodNotReady, PodRoot, expand, resolve_env
+from rljob_operator import api, builders
+from rljob_operator.validation import check_rljob
+from tests.support.kube_emulator import KubeEmulator
+from tests.support.operator_proc import wait_for
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RAY = "ray.io/v1"
+POD = PodFields(name="job-abcde-head-x1y2z", namespace="team")
+OBJECTS: dict[tuple[str, str], dict[str, Any]] = {
+    ("Secret", "creds"): {"data": {"AWS_ACCESS_KEY_ID": base64.b64encode(b"AKIA").decode(),
+                                   "bad key": base64.b64encode(b"x").decode()}},
+    ("ConfigMap", "settings"): {"data": {"LEVEL": "debug", "config.yaml": "a: 1\n"}},
+}
+
+
+def read(kind: str, name: str) -> dict[str, Any] | None:
+    return OBJECTS.get((kind, name))
+
+
+# ---- pod.py ------------------------------------------------------------------------------------
+
+
+def test_env_follows_kubelet_order_and_sources() -> None:
+    container = {
+        "envFrom": [{"secretRef": {"name": "creds"}}, {"configMapRef": {"name": "settings"}, "prefix": "CM_"}],
+        "env": [
+            {"name": "LEVEL", "value": "info"},
+            {"name": "CM_LEVEL", "value": "override"},  # env wins over envFrom
+            {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "AWS_ACCESS_KEY_ID"}}},
+            {"name": "URL", "value": "http://$(NS).svc/$(MISSING)/$$(NS)"},
+            {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "k", "optional": True}}},
+        ],
+    }
+    env = resolve_env(container, POD, read)
+    assert env == {"AWS_ACCESS_KEY_ID": "AKIA", "CM_LEVEL": "override", "CM_config.yaml": "a: 1\n",
+                   "LEVEL": "info", "NS": "team", "KEY": "AKIA", "URL": "http://team.svc/$(MISSING)/$(NS)"}
+    assert "bad key" not in env  # not a valid variable name: the kubelet skips it
+
+
+@pytest.mark.parametrize(("var", "needle"), [
+    ({"name": "X", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}, "secret 'absent' not found"),
+    ({"name": "X", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "nokey"}}}, "couldn't find key nokey"),
+    ({"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}, "not emulated"),
+    ({"name": "X", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}, "not emulated"),
+])
+def test_unresolvable_env_keeps_the_container_from_starting(var: dict[str, Any], needle: str) -> None:
+    with pytest.raises(PodNotReady, match="CreateContainerConfigError") as err:
+        resolve_env({"env": [var]}, POD, read)
+    assert needle in str(err.value)
+
+
+def test_expand_escapes_and_keeps_unknown() -> None:
+    assert expand("$(A)-$(B)-$$(A)-$", {"A": "1"}) == "1-$(B)-$(A)-$"
+
+
+def test_volumes_become_files_under_the_pod_root(tmp_path: pathlib.Path) -> None:
+    spec = {"volumes": [{"name": "cfg", "configMap": {"name": "settings"}},
+                        {"name": "sec", "secret": {"secretName": "creds",
+                                                   "items": [{"key": "AWS_ACCESS_KEY_ID", "path": "id/key"}]}},
+                        {"name": "shm", "emptyDir": {"medium": "Memory"}}]}
+    container = {"volumeMounts": [{"name": "cfg", "mountPath": "/etc/hybridflow"},
+                                  {"name": "sec", "mountPath": "/var/run/creds"},
+                                  {"name": "shm", "mountPath": "/dev/shm"}]}
+    root = PodRoot(tmp_path)
+    root.mount_volumes(spec, container, read)
+    assert root.local("/etc/hybridflow/config.yaml").read_text() == "a: 1\n"
+    assert root.local("/var/run/creds/id/key").read_text() == "AKIA"
+    assert root.local("/dev/shm").is_dir()
+    with pytest.raises(ValueError, match="not an absolute path"):
+        root.local("../escape")
+    with pytest.raises(PodNotReady, match="FailedMount"):
+        root.mount_volumes(spec, {"volumeMounts": [{"name": "other", "mountPath": "/x"}]}, read)
+
+
+def test_runtime_env_yaml() -> None:
+    assert runtime_env_vars(None) == {}
+    assert runtime_env_vars("env_vars:\n  A: 1\n") == {"A": "1"}
+    with pytest.raises(ValueError, match=r"\['pip'\] are not supported"):
+        runtime_env_vars("pip: [torch]\n")
+
+
+# ---- the state machine against the emulator ------------------------------------------------------
+
+
+@pytest.fixture
+def cluster(tmp_path: pathlib.Path) -> Iterator[tuple[KubeEmulator, KubeRayStandIn]]:
+    kube = KubeEmulator().start()
+    # No Ray cluster: the drivers here exit on their config before they would connect to one.
+    standin = KubeRayStandIn(kube, "127.0.0.1:1", tmp_path / "kuberay", poll_s=0.2).start()
+    try:
+        yield kube, standin
+    finally:
+        standin.stop()
+        kube.stop()
+
+
+def children(**spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The operator's ConfigMap and RayJob for the tiny example, with a config main_ppo rejects (exit 2)."""
+    doc = yaml.safe_load((ROOT / "examples" / "tiny_grpo_rljob.yaml").read_text())
+    doc["metadata"].update(namespace="default", uid="11111111-2222-3333-4444-555555555555")
+    doc["spec"].update(spec)
+    rljob = api.RLJob.model_validate(doc)
+    configmap, rayjob = builders.build_configmap(rljob), builders.build_rayjob(rljob, 1)
+    for child in (configmap, rayjob):
+        del child["metadata"]["ownerReferences"]  # no RLJob in this emulator
+    configmap["data"]["config.yaml"] = "trainer:\n  nnodes: 0\n"
+    return configmap, rayjob
+
+
+def rayjob_status(kube: KubeEmulator, name: str) -> dict[str, Any]:
+    return (kube.get(RAY, "rayjobs", name).get("status")) or {}
+
+
+def test_failed_entrypoint_is_reported_like_kuberay(cluster: tuple[KubeEmulator, KubeRayStandIn]) -> None:
+    kube, standin = cluster
+    configmap, rayjob = children()
+    kube.create("v1", "configmaps", configmap, "default")
+    kube.create(RAY, "rayjobs", rayjob, "default")
+    name = rayjob["metadata"]["name"]
+    wait_for(lambda: rayjob_status(kube, name).get("jobDeploymentStatus") == "Failed", "RayJob Failed", 60)
+    status = rayjob_status(kube, name)
+    assert (status["jobStatus"], status["reason"], status["failed"]) == ("FAILED", "AppFailed", 1)
+    assert "exit code 2" in status["message"] and "invalid trainer config" in status["message"]
+    assert status["jobId"].startswith(f"{name}-") and status["rayClusterName"].startswith(f"{name}-")
+    assert status["startTime"] <= status["endTime"]
+    assert FINALIZER in kube.get(RAY, "rayjobs", name)["metadata"]["finalizers"]
+    wait_for(lambda: kube.find(RAY, "rayclusters", status["rayClusterName"]) is None, "RayCluster deleted", 10)
+    driver = standin.driver(name)
+    assert driver.argv[1:4] == ["-m", "hybridflow.trainer.main_ppo",
+                                str(standin.workdir / "default" / name / "pod" / "etc/hybridflow/config.yaml")]
+    assert driver.env["RLJOB_NAMESPACE"] == "default" and driver.env["HYBRIDFLOW_ATTEMPT"] == "1"
+    assert driver.env["RAY_ADDRESS"] == "127.0.0.1:1"
+
+    kube.delete(RAY, "rayjobs", name)  # KubeRay drops its finalizer, then the object goes
+    wait_for(lambda: kube.find(RAY, "rayjobs", name) is None, "RayJob deleted", 10)
+
+
+def test_missing_secret_holds_the_job_in_initializing(cluster: tuple[KubeEmulator, KubeRayStandIn]) -> None:
+    kube, standin = cluster
+    configmap, rayjob = children(checkpoint={"uri": "s3://b/p", "secretRef": {"name": "s3-creds"}})
+    kube.create("v1", "configmaps", configmap, "default")
+    kube.create(RAY, "rayjobs", rayjob, "default")
+    name = rayjob["metadata"]["name"]
+    wait_for(lambda: "secret 's3-creds' not found" in standin.waiting.get(("default", name), ""),
+             "the stand-in waiting for the Secret", 20)
+    assert rayjob_status(kube, name)["jobDeploymentStatus"] == "Initializing"
+    with pytest.raises(KeyError, match="no submitted job"):
+        standin.driver(name)
+    kube.create("v1", "secrets", {"metadata": {"name": "s3-creds"}, "data": {
+        "AWS_ACCESS_KEY_ID": base64.b64encode(b"from-secret").decode()}}, "default")
+    wait_for(lambda: rayjob_status(kube, name).get("jobDeploymentStatus") == "Failed", "RayJob ran and failed", 60)
+    assert standin.driver(name).env["AWS_ACCESS_KEY_ID"] == "from-secret"
+    assert ("default", name) not in standin.waiting
+
+
+def test_created_suspended_never_runs(cluster: tuple[KubeEmulator, KubeRayStandIn]) -> None:
+    kube, standin = cluster
+    configmap, rayjob = children(suspend=True)
+    assert rayjob["spec"]["suspend"] is True
+    kube.create("v1", "configmaps", configmap, "default")
+    kube.create(RAY, "rayjobs", rayjob, "default")
+    name = rayjob["metadata"]["name"]
+    wait_for(lambda: rayjob_status(kube, name).get("jobDeploymentStatus") == "Suspended", "RayJob Suspended", 20)
+    assert kube.list(RAY, "rayclusters") == []
+    kube.patch(RAY, "rayjobs", name, {"spec": {"suspend": False}})
+    wait_for(lambda: rayjob_status(kube, name).get("jobDeploymentStatus") == "Failed", "unsuspended, ran", 60)
+
+
+# ---- the shared manifest ----------------------------------------------------------------------------
+
+
+def test_cluster_manifest_is_a_valid_rljob(tmp_path: pathlib.Path) -> None:
+    """What e2e/cluster/*.sh apply: `python -m e2e.local.manifest ...` passes `rljob validate`'s checks."""
+    out = subprocess.run(
+        [sys.executable, "-m", "e2e.local.manifest", "e2e-kind", "--inputs", "/home/ray/demo",
+         "--checkpoint-uri", "s3://rljob-e2e/runs/e2e-kind", "--secret", "s3-credentials",
+         "--image", "registry.local/trainer-e2e:1", "trainer.total_training_steps=3"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    (job,) = list(yaml.safe_load_all(out))
+    assert check_rljob(job).errors == []
+    config = job["spec"]["config"]
+    assert config["actor_rollout_ref"]["model"]["path"] == "/home/ray/demo/model"
+    assert config["actor_rollout_ref"]["rollout"]["n"] == 4  # survives YAML 1.1 readers: every key is quoted
+    assert '"n": 4' in out and config["trainer"]["total_training_steps"] == 3
+    assert job["spec"]["checkpoint"] == {"uri": "s3://rljob-e2e/runs/e2e-kind", "secretRef": {"name": "s3-credentials"}}
+    assert job["spec"]["image"] == "registry.local/trainer-e2e:1"
