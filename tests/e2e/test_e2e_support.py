@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import pathlib
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -206,3 +207,55 @@ def test_cluster_manifest_is_a_valid_rljob(tmp_path: pathlib.Path) -> None:
     assert '"n": 4' in out and config["trainer"]["total_training_steps"] == 3
     assert job["spec"]["checkpoint"] == {"uri": "s3://rljob-e2e/runs/e2e-kind", "secretRef": {"name": "s3-credentials"}}
     assert job["spec"]["image"] == "registry.local/trainer-e2e:1"
+
+
+# ---- the cluster scripts (not run here: no Docker engine; checked for what can be checked) ---------------
+
+CLUSTER = ROOT / "e2e" / "cluster"
+
+
+def test_verify_cli_checks_commits_like_the_trainer(tmp_path: pathlib.Path) -> None:
+    from hybridflow import checkpoint
+
+    root = str(tmp_path / "ckpt")
+
+    def verify(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "e2e.cluster.verify", root, *args], cwd=ROOT,
+                              capture_output=True, text=True, check=False)
+
+    assert verify("--wait-latest", "0.3").returncode == 1
+    payload = tmp_path / "ckpt" / "global_step_2" / "actor" / "model.bin"
+    payload.parent.mkdir(parents=True)
+    payload.write_bytes(b"weights")
+    checkpoint.commit_step(root, 2)
+    waited = verify("--wait-latest", "5")
+    assert (waited.returncode, waited.stdout.strip()) == (0, "2")
+    assert verify("--committed", "2").returncode == 0
+    wrong = verify("--committed", "3")
+    assert wrong.returncode == 1 and "is 2, expected 3" in wrong.stderr
+    payload.write_bytes(b"WEIGHTS")  # same size, other bytes: only the deep check sees it
+    corrupt = verify("--committed", "2")
+    assert corrupt.returncode == 1 and "checksum mismatch" in corrupt.stderr
+
+
+@pytest.mark.parametrize("script", ["kind.sh", "gpu.sh", "lib.sh"])
+def test_cluster_scripts_parse(script: str) -> None:
+    subprocess.run(["bash", "-n", str(CLUSTER / script)], check=True)
+
+
+def test_cluster_scripts_use_files_and_chart_values_that_exist() -> None:
+    text = (CLUSTER / "kind.sh").read_text() + (CLUSTER / "gpu.sh").read_text()
+    for path in ("operator/Dockerfile", "trainer_image/Dockerfile", "helm/rljob-operator"):
+        assert f"$ROOT/{path}" in text and (ROOT / path).exists(), path
+    for path in ("Dockerfile.e2e", "minio.yaml"):
+        assert (CLUSTER / path).exists()
+    values = yaml.safe_load((ROOT / "helm" / "rljob-operator" / "values.yaml").read_text())
+    keys = sorted(set(re.findall(r"--set \"?([a-zA-Z.]+)=", text)))
+    assert {"image.repository", "image.tag", "operator.resyncSeconds"} <= set(keys), keys
+    for key in keys:
+        node: Any = values
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"chart value {key} set by the scripts does not exist"
+            node = node[part]
+    dockerfile = (CLUSTER / "Dockerfile.e2e").read_text()
+    assert "prepare(Path('/home/ray/demo'))" in dockerfile and "--inputs /home/ray/demo" in (CLUSTER / "lib.sh").read_text()
