@@ -214,28 +214,31 @@ def test_cluster_manifest_is_a_valid_rljob(tmp_path: pathlib.Path) -> None:
 CLUSTER = ROOT / "e2e" / "cluster"
 
 
-def test_verify_cli_checks_commits_like_the_trainer(tmp_path: pathlib.Path) -> None:
+def test_verify_cli_checks_commits_like_the_trainer(tmp_path: pathlib.Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from e2e.cluster import verify as verify_cli
     from hybridflow import checkpoint
 
     root = str(tmp_path / "ckpt")
 
-    def verify(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "e2e.cluster.verify", root, *args], cwd=ROOT,
-                              capture_output=True, text=True, check=False)
+    def verify(*args: str) -> tuple[int, str, str]:
+        code = verify_cli.main([root, *args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
 
-    assert verify("--wait-latest", "0.3").returncode == 1
+    assert verify("--wait-latest", "0.3")[0] == 1
     payload = tmp_path / "ckpt" / "global_step_2" / "actor" / "model.bin"
     payload.parent.mkdir(parents=True)
     payload.write_bytes(b"weights")
     checkpoint.commit_step(root, 2)
-    waited = verify("--wait-latest", "5")
-    assert (waited.returncode, waited.stdout.strip()) == (0, "2")
-    assert verify("--committed", "2").returncode == 0
-    wrong = verify("--committed", "3")
-    assert wrong.returncode == 1 and "is 2, expected 3" in wrong.stderr
+    code, out, _ = verify("--wait-latest", "5")
+    assert (code, out.strip()) == (0, "2")
+    assert verify("--committed", "2")[0] == 0
+    code, _, err = verify("--committed", "3")
+    assert code == 1 and "is 2, expected 3" in err
     payload.write_bytes(b"WEIGHTS")  # same size, other bytes: only the deep check sees it
-    corrupt = verify("--committed", "2")
-    assert corrupt.returncode == 1 and "checksum mismatch" in corrupt.stderr
+    code, _, err = verify("--committed", "2")
+    assert code == 1 and "checksum mismatch" in err
 
 
 @pytest.mark.parametrize("script", ["kind.sh", "gpu.sh", "lib.sh"])
