@@ -46,7 +46,7 @@ def test_unknown_data_source_fails_before_ray_starts(tmp_path: Path) -> None:
             "reward_model": {"style": "rule", "ground_truth": "a"},
             "extra_info": {"index": i},
         }
-        for i in range(32)
+        for i in range(128)
     ]
     write_parquet(rows, str(tmp_path / "bad.parquet"))
     args = [f"{k}={v}" for k, v in overrides.items()] + [f"data.train_files={tmp_path / 'bad.parquet'}"]

@@ -11,6 +11,7 @@ registry holds (GAE with a critic, GRPO, Dr.GRPO, RLOO, REINFORCE++, ReMax, ...)
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -103,7 +104,7 @@ class RayPPOTrainer:
             total_steps=self.total_training_steps,
             wandb_run_id=wandb_run_id,
         )
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        previous = self._install_sigterm_handler()
         try:
             if (
                 self.config.trainer.val_before_train
@@ -129,7 +130,8 @@ class RayPPOTrainer:
                     )
                     break
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
             self.tracker.finish()
         return self.global_step
 
@@ -384,6 +386,13 @@ class RayPPOTrainer:
 
     def _due(self, freq: int | None, last: bool) -> bool:
         return bool(freq and freq > 0 and (self.global_step % freq == 0 or last))
+
+    def _install_sigterm_handler(self) -> Any:
+        """Route SIGTERM (pod eviction, `ray job stop`) to a graceful stop; only possible on the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            self.log("fit() runs outside the main thread: SIGTERM will not trigger a final checkpoint")
+            return None
+        return signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:
         self.log(
