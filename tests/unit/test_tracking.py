@@ -11,6 +11,7 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+
 from hybridflow import tracking
 from hybridflow.tracking import Tracking
 

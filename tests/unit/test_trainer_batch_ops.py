@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.algorithms import FixedKLController, get_kl_controller
 from hybridflow.config import load_config
 from hybridflow.protocol import DataProto
