@@ -48,7 +48,7 @@ run: install ## Train a tiny model with GRPO on a toy task, locally on CPU
 
 .PHONY: lint
 lint: install ## Ruff
-	$(VENV)/bin/ruff check operator trainer_image tests bench
+	$(VENV)/bin/ruff check operator trainer_image tests bench e2e
 
 .PHONY: typecheck
 typecheck: install ## Mypy on the pure (torch/Ray-free) modules

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.algorithms import (
     ADV_ESTIMATOR_REGISTRY,
     AdvantageEstimator,

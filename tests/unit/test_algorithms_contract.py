@@ -8,9 +8,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 import hybridflow.algorithms as algorithms
 import hybridflow.algorithms.core_algos as core_algos
-import pytest
 
 _HAS_CONFIG = importlib.util.find_spec("hybridflow.config") is not None
 

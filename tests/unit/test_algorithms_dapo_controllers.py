@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.algorithms import (
     AdaptiveKLController,
     FixedKLController,

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from hybridflow.algorithms import (
     KL_PENALTIES,
     LOSS_AGG_MODES,

@@ -10,6 +10,7 @@ from typing import Any
 import pydantic
 import pytest
 import torch
+
 from hybridflow.algorithms import (
     LOSS_AGG_MODES,
     POLICY_LOSS_REGISTRY,

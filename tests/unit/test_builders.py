@@ -11,6 +11,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from rljob_operator import api, builders, names
 
 REPO = Path(__file__).resolve().parents[2]

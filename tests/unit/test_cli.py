@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from rljob_operator import cli
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,6 +6,8 @@ import typing
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
+
 from hybridflow.config import (
     ADV_ESTIMATORS,
     KL_PENALTIES,
@@ -18,7 +20,6 @@ from hybridflow.config import (
     load_config,
     parse_config,
 )
-from pydantic import BaseModel
 
 
 def get(cfg: HybridFlowConfig, dotted: str) -> Any:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from hybridflow.config import ConfigError, apply_overrides, load_config, main, parse_config
 
 REPO = Path(__file__).resolve().parents[2]

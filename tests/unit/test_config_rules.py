@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from hybridflow.config import GROUP_ESTIMATORS, ConfigError, load_config
 
 # A small valid GRPO job the cases below break one rule at a time.

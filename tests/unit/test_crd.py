@@ -10,6 +10,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from rljob_operator import crdgen
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.data.dataset import RLHFDataset, collate_fn, truncate_ids
 from hybridflow.data.toy import build_toy_tokenizer, write_parquet
 from hybridflow.protocol import DataProto

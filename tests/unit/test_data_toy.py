@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+
 from hybridflow.data import toy
 from hybridflow.rewards import default_compute_score
 

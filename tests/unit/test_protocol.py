@@ -7,6 +7,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.protocol import DataProto, DataProtoItem, pad_dataproto_to_divisor, unpad_dataproto
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from hybridflow.rewards import CustomRewardError, load_custom_reward_fn, load_custom_reward_fn_from_config
 
 USER_FILE = """

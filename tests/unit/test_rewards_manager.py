@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
 from hybridflow.data.toy import build_toy_tokenizer
 from hybridflow.protocol import DataProto
 from hybridflow.rewards import RewardManager, load_custom_reward_fn

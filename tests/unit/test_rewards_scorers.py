@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from hybridflow.rewards import (
     UnknownDataSourceError,
     check_reward_sources,

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from rljob_operator import validation
 from rljob_operator.validation import check_rljob, parse_quantity, validate_rljob
 
