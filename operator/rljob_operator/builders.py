@@ -48,9 +48,14 @@ def trainer_config(rljob: api.RLJob) -> HybridFlowConfig:
 
 
 def cluster_shape(config: HybridFlowConfig) -> tuple[int, int]:
-    """(worker nodes, GPUs per worker node) of a trainer config; GPUs are 0 when trainer.device is cpu."""
+    """(worker pods, GPUs per worker pod) of a trainer config; GPUs are 0 when trainer.device is cpu.
+
+    Split placement gives the rollout its own pool of the training pool's shape
+    (hybridflow.trainer.main_ppo.build_worker_groups), so it needs twice the nodes.
+    """
     trainer = config.trainer
-    return trainer.nnodes, (0 if trainer.device == "cpu" else trainer.n_gpus_per_node)
+    pools = 2 if trainer.placement == "split" else 1
+    return trainer.nnodes * pools, (0 if trainer.device == "cpu" else trainer.n_gpus_per_node)
 
 
 def entrypoint(rljob: api.RLJob) -> str:

@@ -115,12 +115,6 @@ def test_split_example_uses_split_placement() -> None:
     assert (trainer["nnodes"], trainer["n_gpus_per_node"]) == (1, 4)  # 2 pools x 4 = 8 GPUs, one node
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator gap: builders.cluster_shape sizes the RayCluster as nnodes x n_gpus_per_node, but split "
-    "placement needs a second pool of that shape for the rollout (trainer main_ppo.build_worker_groups). "
-    "Remove this marker when the operator counts the rollout pool.",
-)
 def test_operator_requests_the_gpus_a_split_job_uses() -> None:
     job = _job("rljob_grpo_split.yaml")
     rljob = api.RLJob.model_validate({**job, "metadata": {**job["metadata"], "uid": "u"}})
