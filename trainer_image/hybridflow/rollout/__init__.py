@@ -24,8 +24,8 @@ def get_rollout_cls(name: str) -> type[RolloutEngine]:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ImportError(
-            f"rollout engine {name!r} is not available here ({err}); install its extra "
-            f"(pip install '.[{name}]') or set actor_rollout_ref.rollout.name=hf"
+            f"rollout engine {name!r} is not available here ({err}); install it (vllm on CPU: `make vllm`; "
+            f"on a CUDA machine: pip install -c constraints.txt '.[{name}]') or set actor_rollout_ref.rollout.name=hf"
         ) from err
     cls: Any = getattr(module, cls_name)
     return cls

@@ -122,13 +122,10 @@ class ActorRolloutRefWorker(_DistributedWorker):
             self._sync_rollout()
 
     def _build_rollout(self, path: str) -> Any:
-        from hybridflow.rollout import get_rollout_cls
+        from hybridflow.rollout.registry import build_rollout_engine
 
-        ro = self.config.actor_rollout_ref.rollout
-        resp_len = ro.response_length or self.config.data.max_response_length
-        cls = get_rollout_cls(ro.name)
         device = "cuda" if self.device == "cuda" else "cpu"
-        return cls(path, config=ro, device=device, response_length=resp_len)
+        return build_rollout_engine(self.config, model_path=path, device=device)
 
     def _sync_rollout(self) -> None:
         """Colocated: push the actor's full weights into this process's rollout engine (a collective)."""
