@@ -21,9 +21,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridflow import storage
+
+if TYPE_CHECKING:  # checkpoint imports torch; the operator reads progress.json without it
+    from hybridflow.checkpoint import TrainerState
 
 PROGRESS_FILE = "progress.json"
 ATTEMPT_ENV = "HYBRIDFLOW_ATTEMPT"
@@ -117,6 +120,30 @@ def read_progress(root: str, **kwargs: Any) -> Progress | None:
         return None
 
 
+def read_progress_or_warn(root: str, warn: Callable[[str], None]) -> Progress | None:
+    """Return the record under `root`; a broken or unreadable one is reported through `warn` and skipped."""
+    try:
+        return read_progress(root)
+    except (ValueError, OSError) as exc:  # StorageError is an OSError
+        warn(f"progress: ignoring the previous {progress_uri(root)}: {exc}")
+        return None
+
+
+def choose_wandb_run_id(
+    checkpoint_state: TrainerState | None, progress_record: Progress | None, resume_mode: str
+) -> str | None:
+    """Pick the W&B run a starting attempt continues: the checkpoint's id, else progress.json's (issue 6).
+
+    The progress record is rewritten every step, so it holds the id even when the previous attempt died
+    before its first checkpoint. `resume_mode=disable` starts a fresh run and so a fresh W&B run.
+    """
+    if resume_mode == "disable":
+        return None
+    if checkpoint_state is not None and checkpoint_state.wandb_run_id:
+        return checkpoint_state.wandb_run_id
+    return progress_record.wandb_run_id if progress_record is not None else None
+
+
 def attempt_from_env(env: Mapping[str, str] | None = None) -> int | None:
     """The operator's attempt number ($HYBRIDFLOW_ATTEMPT), or None outside the operator."""
     env = os.environ if env is None else env
@@ -144,7 +171,7 @@ class ProgressLogger:
         self.root = root
         self.clock = clock
         self.warn = warn or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        previous = self._read_previous()
+        previous = read_progress_or_warn(root, self.warn)
         self.record = Progress(
             step=previous.step if previous else 0,
             total_steps=total_steps,
@@ -153,13 +180,6 @@ class ProgressLogger:
             wandb_run_id=wandb_run_id or (previous.wandb_run_id if previous else None),
         )
         self._step_seconds: list[float] = []
-
-    def _read_previous(self) -> Progress | None:
-        try:
-            return read_progress(self.root)
-        except (ValueError, OSError) as exc:
-            self.warn(f"progress: ignoring the previous {progress_uri(self.root)}: {exc}")
-            return None
 
     def log(self, data: Mapping[str, float | None], step: int) -> None:
         """Record the step's summary metrics and write the record."""

@@ -22,6 +22,7 @@ import torch
 
 from hybridflow import checkpoint as ck
 from hybridflow.algorithms import filter_groups, get_kl_controller
+from hybridflow.progress import choose_wandb_run_id, read_progress_or_warn
 from hybridflow.protocol import DataProto
 from hybridflow.tracking import Tracking
 from hybridflow.trainer import batch_ops
@@ -94,7 +95,11 @@ class RayPPOTrainer:
 
     def fit(self) -> int:
         """Train until total_training_steps (or a SIGTERM); return the last completed global step."""
-        wandb_run_id = self._resume()
+        state = self._resume()
+        previous = None
+        if self.config.trainer.resume_mode != "disable" and self.ckpt_root:
+            previous = read_progress_or_warn(self.ckpt_root, self.log)  # the id before any checkpoint
+        wandb_run_id = choose_wandb_run_id(state, previous, self.config.trainer.resume_mode)
         self.tracker = Tracking(
             self.config.trainer.project_name,
             self.config.trainer.experiment_name,
@@ -336,8 +341,8 @@ class RayPPOTrainer:
         ck.apply_retention(self.ckpt_root, self.config.trainer.max_actor_ckpt_to_keep, log=self.log)
         return step_uri
 
-    def _resume(self) -> str | None:
-        """Load the step chosen by trainer.resume_mode; return the W&B run id to continue, if any."""
+    def _resume(self) -> ck.TrainerState | None:
+        """Load the step chosen by trainer.resume_mode; return its trainer state, or None on a fresh start."""
         trainer_cfg = self.config.trainer
         latest = None
         if trainer_cfg.resume_mode == "auto":
@@ -360,7 +365,7 @@ class RayPPOTrainer:
             self.kl_ctrl.load_state_dict(state.extra["kl_ctrl"])
         self.global_step = state.global_step
         self.log(f"resumed from {step_uri} (global step {self.global_step})")
-        return state.wandb_run_id
+        return state
 
     # ---- helpers --------------------------------------------------------------------------------
 
