@@ -296,7 +296,14 @@ class Store:
                 return self._present(rt, obj)
             self.objects[key] = obj
             self._bump(rt.gk, "ADDED", obj)
-            return self._present(rt, obj)
+            created = self._present(rt, obj)
+            refs = meta.get("ownerReferences") or []
+            live = {o["metadata"]["uid"] for o in self.objects.values()}
+            if refs and not any(r.get("uid") in live for r in refs):
+                # Every owner is already gone (a controller raced its owner's deletion): the real garbage
+                # collector deletes such a dependent shortly after it is created.
+                self._delete_key(key)
+            return created
 
     def update(self, rt: ResourceType, ns: str | None, name: str, change: Callable[[Obj], Obj],
                subresource: str | None = None, dry_run: bool = False, strict: bool = False) -> Obj:

@@ -140,6 +140,19 @@ def test_finalizers_and_owner_garbage_collection(kube: KubeEmulator) -> None:
     assert call(kube, "GET", CMS + "/unrelated")[0] == 200
 
 
+def test_dependent_created_after_its_owner_is_gone_is_collected(kube: KubeEmulator) -> None:
+    """A controller racing its owner's deletion: the GC deletes a child whose owners no longer exist."""
+    owner = call(kube, "POST", RLJOBS, rljob())[1]
+    ref = {"apiVersion": "rl.hybridflow.dev/v1alpha1", "kind": "RLJob", "name": "demo",
+           "uid": owner["metadata"]["uid"], "controller": True}
+    assert call(kube, "DELETE", RLJOBS + "/demo")[0] == 200
+    status, created = call(kube, "POST", CMS, cm("late-child", ownerReferences=[ref]))
+    assert status == 201 and created["metadata"]["name"] == "late-child"
+    assert call(kube, "GET", CMS + "/late-child")[0] == 404
+    assert call(kube, "POST", CMS, cm("ownerless"))[0] == 201
+    assert call(kube, "GET", CMS + "/ownerless")[0] == 200
+
+
 def read_watch(kube: KubeEmulator, query: str, out: list[dict[str, Any]]) -> None:
     with urllib.request.urlopen(kube.url + CMS + "?watch=true&" + query, timeout=10) as resp:
         for line in resp:

@@ -89,6 +89,8 @@ def offline_wandb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[P
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_CONSOLE", "off")
+    # A loaded 2-core box (Ray tests just finished) can make the wandb-core service slow to start.
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "300")
     try:
         yield tmp_path
     finally:

@@ -96,10 +96,10 @@ class RayPPOTrainer:
     def fit(self) -> int:
         """Train until total_training_steps (or a SIGTERM); return the last completed global step."""
         state = self._resume()
-        previous = None
+        progress_record = None
         if self.config.trainer.resume_mode != "disable" and self.ckpt_root:
-            previous = read_progress_or_warn(self.ckpt_root, self.log)  # the id before any checkpoint
-        wandb_run_id = choose_wandb_run_id(state, previous, self.config.trainer.resume_mode)
+            progress_record = read_progress_or_warn(self.ckpt_root, self.log)  # the id before any checkpoint
+        wandb_run_id = choose_wandb_run_id(state, progress_record, self.config.trainer.resume_mode)
         self.tracker = Tracking(
             self.config.trainer.project_name,
             self.config.trainer.experiment_name,
@@ -109,7 +109,7 @@ class RayPPOTrainer:
             total_steps=self.total_training_steps,
             wandb_run_id=wandb_run_id,
         )
-        previous = self._install_sigterm_handler()
+        previous_handler = self._install_sigterm_handler()
         try:
             if (
                 self.config.trainer.val_before_train
@@ -135,8 +135,8 @@ class RayPPOTrainer:
                     )
                     break
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+            if previous_handler is not None:
+                signal.signal(signal.SIGTERM, previous_handler)
             self.tracker.finish()
         return self.global_step
 
