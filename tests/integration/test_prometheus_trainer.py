@@ -40,8 +40,9 @@ def operator_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def prometheus_for(tmp_path: Path) -> Iterator[Callable[[int], PrometheusServer]]:
     servers: list[PrometheusServer] = []
 
-    def start(port: int) -> PrometheusServer:
-        server = PrometheusServer(tmp_path / "prom", {"hybridflow-trainer": [f"127.0.0.1:{port}"]})
+    def start(port: int, interval_ms: int = 1000) -> PrometheusServer:
+        server = PrometheusServer(tmp_path / "prom", {"hybridflow-trainer": [f"127.0.0.1:{port}"]},
+                                  interval_ms=interval_ms)
         (tmp_path / "prom").mkdir(exist_ok=True)
         servers.append(server.start())
         return server
@@ -110,7 +111,8 @@ def test_tiny_job_metrics_in_prometheus_and_checkpoints_on_s3(
             "actor_rollout_ref.actor.ppo_mini_batch_size": "16",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "64",
         })
-        server = prometheus_for(int(operator_env[PORT_ENV]))
+        # 250 ms scrapes: the tiny job's training steps last only a few seconds once Ray is up.
+        server = prometheus_for(int(operator_env[PORT_ENV]), interval_ms=250)
         started = time.monotonic()
         job = subprocess.run(
             [sys.executable, "-m", "hybridflow.trainer.main_ppo", str(EXAMPLE),

@@ -41,7 +41,8 @@ def build_scrape_config(targets: dict[str, list[str]], interval_ms: int = 1000) 
 class PrometheusServer:
     """`prometheus` as a subprocess on 127.0.0.1:<free port>, stopped (and its data dropped) by `stop()`."""
 
-    def __init__(self, workdir: Path, targets: dict[str, list[str]], binary: str | None = None) -> None:
+    def __init__(self, workdir: Path, targets: dict[str, list[str]], binary: str | None = None,
+                 interval_ms: int = 1000) -> None:
         self.binary = binary or find_prometheus()
         if self.binary is None:
             raise FileNotFoundError(f"the prometheus binary is not installed; {INSTALL_HINT}")
@@ -49,7 +50,7 @@ class PrometheusServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config_path = workdir / "prometheus.yml"
-        self.config_path.write_text(build_scrape_config(targets))
+        self.config_path.write_text(build_scrape_config(targets, interval_ms))
         self.log_path = workdir / "prometheus.log"
         self.process: subprocess.Popen[bytes] | None = None
 
