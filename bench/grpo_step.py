@@ -51,8 +51,8 @@ def longest_prompt(model_dir: Path, rows: list[dict]) -> int:
     return max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
 
 
-def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
-    """Seconds of each training step of our trainer (from its JSONL metrics)."""
+def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict[str, float]]:
+    """The `timing_s/*` metrics of each training step of our trainer (from its JSONL metrics)."""
     from hybridflow.trainer import main_ppo
 
     rows = write_task(work / "data", 256)
@@ -67,15 +67,15 @@ def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[floa
         f"actor_rollout_ref.model.path={model_dir}",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={b}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b * g // 2}",  # one micro-batch per rank
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b * g // args.workers}",  # one micro-batch per rank
         "actor_rollout_ref.actor.optim.lr=1e-6",
         f"actor_rollout_ref.rollout.n={g}",
-        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b * g // 2}",
-        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b * g // 2}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b * g // args.workers}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b * g // args.workers}",
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.rollout.dtype={args.rollout_dtype}",
         "actor_rollout_ref.rollout.enforce_eager=true",
-        "trainer.n_gpus_per_node=2",  # CPU: 2 worker processes, 1 core each (main_ppo.cpu_share)
+        f"trainer.n_gpus_per_node={args.workers}",  # CPU: worker processes sharing the cores (main_ppo.cpu_share)
         f"trainer.total_training_steps={args.steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
@@ -87,7 +87,8 @@ def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[floa
     if main_ppo.main([str(EXAMPLE), *overrides]) != 0:
         raise RuntimeError("our trainer failed; see its output above")
     rows = [json.loads(x) for x in (work / "ckpt" / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [float(row["timing_s/step"]) for row in rows if "timing_s/step" in row]
+    return [{k[len("timing_s/"):]: float(v) for k, v in row.items() if k.startswith("timing_s/")}
+            for row in rows if "timing_s/step" in row]
 
 
 def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
@@ -145,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--response-length", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rollout-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--workers", type=int, default=1,
+                        help="our worker processes; the machine's cores are split between them")
+    parser.add_argument("--ours-only", action="store_true", help="skip TRL (profiling our phases)")
     parser.add_argument("--model-dir", default=str(ROOT / "outputs" / "bench" / "smollm2-135m"))
     args = parser.parse_args(argv)
     if args.steps < 2:
@@ -164,8 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as tmp:
-        ours = run_ours(model_dir, Path(tmp) / "ours", args)
-        trl = run_trl(model_dir, Path(tmp) / "trl", args)
+        phases = run_ours(model_dir, Path(tmp) / "ours", args)
+        trl = run_trl(model_dir, Path(tmp) / "trl", args) if not args.ours_only else [float("nan")] * args.steps
+    ours = [row["step"] for row in phases]
     ours_s, trl_s = statistics.median(ours[1:]), statistics.median(trl[1:])
     print(f"one GRPO step: {args.prompts} prompts x {args.group} samples x {args.response_length} tokens, "
           f"{model_dir.name}, median of steps 2..{args.steps}")
@@ -177,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "response_length": args.response_length, "ours_s_per_step": round(ours_s, 3),
         "trl_s_per_step": round(trl_s, 3), "ours_over_trl": round(ours_s / trl_s, 3),
     }
+    names = [k for k in phases[0] if k != "step"]
+    print("ours, phase medians (s): " + ", ".join(
+        f"{k} {statistics.median(row.get(k, 0.0) for row in phases[1:]):.2f}" for k in names))
     print(f"ours/TRL = {summary['ours_over_trl']:.2f} (target < 1: ours faster)")
     print(json.dumps(summary, sort_keys=True))
     return 0

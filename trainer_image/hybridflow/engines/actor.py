@@ -5,6 +5,11 @@ optimizer step each), each mini-batch into micro-batches (gradient accumulation)
 passes. Loss = policy loss (from the registry) - entropy_coeff x entropy + kl_loss_coef x KL(ref),
 all aggregated with `loss_agg_mode`, scaled by the mini-batch's global token/sequence count so any
 world size gives the gradient of the same global mean.
+
+On-policy updates (one epoch, one mini-batch: no optimizer step before any row's loss) need no
+separate old-log-prob pass: the policy that sampled is the policy being differentiated, so the batch
+may omit `old_log_probs` and the update uses its own log-probs, detached (ratio 1, gradient of the
+log-prob), which is the same loss and gradient without one forward pass over the batch.
 """
 
 from __future__ import annotations
@@ -37,8 +42,27 @@ def response_logits(engine: FSDPEngine, micro: DataProto, temperature: float) ->
     """Logits that predict each response token: positions -R-1 .. -2 of the sequence, / temperature."""
     b = micro.batch
     resp_len = b["responses"].shape[1]
-    logits = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"])
+    logits = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], logits_to_keep=resp_len + 1)
     return logits[:, -resp_len - 1 : -1, :].float() / temperature
+
+
+def rollout_mismatch_metrics(
+    actor_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """How far the inference engine's token probabilities are from the trainer's (verl's names).
+
+    `training/rollout_probs_diff_mean|max`: |p_actor - p_rollout| over valid tokens. Near 0 when the
+    engine holds the actor's weights in the same precision; bf16 rollouts show ~1e-3..1e-2.
+    """
+    with torch.no_grad():
+        diff = (actor_log_prob.exp() - rollout_log_prob.exp()).abs()
+        valid = mask.bool()
+        if not valid.any():
+            return {}
+        return {
+            "training/rollout_probs_diff_mean": diff[valid].mean(),
+            "training/rollout_probs_diff_max": diff[valid].max(),
+        }
 
 
 class PPOActor:
@@ -80,7 +104,15 @@ class PPOActor:
         policy_loss_fn = get_policy_loss_fn(loss_mode)
         temperature = float(data.meta_info.get("temperature", 1.0))
 
-        keys = [*MODEL_INPUTS, "old_log_probs", "advantages", "response_mask"]
+        epochs = int(_get(cfg, "ppo_epochs", 1))
+        on_policy = "old_log_probs" not in data.batch
+        if on_policy and (epochs != 1 or len(data) > mini_batch_size):
+            raise ValueError(
+                f"the batch has no old_log_probs, which is only valid for an on-policy update (ppo_epochs=1 "
+                f"and one mini-batch); this update has ppo_epochs={epochs} and {len(data)} rows in mini-batches "
+                f"of {mini_batch_size}: compute old log-probs with compute_log_prob first"
+            )
+        keys = [*MODEL_INPUTS, "advantages", "response_mask", *([] if on_policy else ["old_log_probs"])]
         if use_kl:
             if "ref_log_prob" not in data.batch:
                 raise KeyError(
@@ -93,7 +125,7 @@ class PPOActor:
         batch = data.select(keys)
         acc = MetricAccumulator()
         self.engine.module.train()
-        for epoch in range(int(_get(cfg, "ppo_epochs", 1))):
+        for epoch in range(epochs):
             if bool(_get(cfg, "shuffle", False)):
                 batch = shuffled(batch, seed=self.seed + 1000 * self._updates + epoch)
             for mini in split_batch(batch, mini_batch_size):
@@ -105,21 +137,28 @@ class PPOActor:
                     mask = b["response_mask"].to(device)
                     logits = response_logits(self.engine, micro, temperature)
                     log_prob = logprobs_from_logits(logits, b["responses"].to(device))
+                    old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"].to(device)
+                    rollout_log_probs = b["rollout_log_probs"].to(device) if "rollout_log_probs" in b else None
                     pg_loss, pg_metrics = policy_loss_fn(
-                        old_log_prob=b["old_log_probs"].to(device),
+                        old_log_prob=old_log_prob,
                         log_prob=log_prob,
                         advantages=b["advantages"].to(device),
                         response_mask=mask,
                         loss_agg_mode=mode,
                         config=cfg,
-                        rollout_log_probs=b["rollout_log_probs"].to(device) if "rollout_log_probs" in b else None,
+                        rollout_log_probs=rollout_log_probs,
                     )
                     loss = pg_loss
                     metrics: dict[str, Any] = {"actor/pg_loss": pg_loss.detach(), **pg_metrics}
+                    if rollout_log_probs is not None and epoch == 0:
+                        metrics.update(rollout_mismatch_metrics(old_log_prob, rollout_log_probs, mask))
                     if entropy_coeff != 0:
                         entropy = agg_loss(entropy_from_logits(logits), mask, mode)
                         loss = loss - entropy_coeff * entropy
                         metrics["actor/entropy"] = entropy.detach()
+                    elif on_policy:  # no old-log-prob pass logged the policy's entropy: log it here
+                        with torch.no_grad():
+                            metrics["actor/entropy"] = agg_loss(entropy_from_logits(logits), mask, "token-mean")
                     if use_kl:
                         kld = kl_penalty(log_prob, b["ref_log_prob"].to(device), kl_type)
                         kl_loss = agg_loss(kld, mask, mode)

@@ -43,7 +43,7 @@ def shuffled(data: DataProto, seed: int) -> DataProto:
 
 
 class MetricAccumulator:
-    """Collects per-micro-batch metric values and reports their means."""
+    """Collects per-micro-batch metric values and reports their means (maxima for names ending `_max`)."""
 
     def __init__(self) -> None:
         self._values: dict[str, list[float]] = defaultdict(list)
@@ -54,5 +54,5 @@ class MetricAccumulator:
             self._values[name].append(float(value.item() if isinstance(value, torch.Tensor) else value))
 
     def means(self) -> dict[str, float]:
-        """The mean of every metric recorded so far."""
-        return {name: sum(v) / len(v) for name, v in self._values.items() if v}
+        """The mean of every metric recorded so far (the maximum of a `*_max` metric)."""
+        return {name: max(v) if name.endswith("_max") else sum(v) / len(v) for name, v in self._values.items() if v}

@@ -12,6 +12,7 @@ counterparts on every rank at the same time.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterable
 from typing import Any, Literal
@@ -134,6 +135,10 @@ class FSDPEngine:
             trust_remote_code=bool(_get(model_config, "trust_remote_code", False)),
         )
         self.hf_config = module.config
+        # HF causal LMs can project only the last positions onto the vocabulary (`logits_to_keep`):
+        # the actor needs the response positions only, and the LM head is a large share of the
+        # compute of a small model.
+        self.can_keep_logits = kind == "causal_lm" and "logits_to_keep" in inspect.signature(module.forward).parameters
         if optim_config is not None and _get(model_config, "enable_gradient_checkpointing", False):
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         module.to(self.device)
@@ -181,13 +186,25 @@ class FSDPEngine:
         return module
 
     # ------------------------------------------------------------------ compute
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
-        """The model's logits (causal LM: (b, T, vocab); value model: (b, T, 1))."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        logits_to_keep: int = 0,
+    ) -> Any:
+        """The model's logits (causal LM: (b, T, vocab); value model: (b, T, 1)).
+
+        `logits_to_keep` > 0: only the last that many positions' logits are guaranteed (all of them
+        when the model cannot restrict its head); callers index from the end.
+        """
+        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep > 0 and self.can_keep_logits else {}
         out = self.module(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
             position_ids=position_ids.to(self.device),
             use_cache=False,
+            **extra,
         )
         return out.logits
 

