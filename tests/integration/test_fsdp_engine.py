@@ -151,9 +151,10 @@ def test_two_ranks_log_probs_equal_single_process(two_ranks: list[dict[str, Any]
 
 
 def test_two_ranks_update_equals_single_process(two_ranks: list[dict[str, Any]], single: dict[str, Any]) -> None:
-    # every rank gathers the same full weights, equal to the 1-process result, which moved
+    # every rank gathers the same full weights, equal to the 1-process result, which moved (to float
+    # noise: trimmed padding gives each rank's micro-batches their own widths, so sums run in another order)
     for name, value in single["state"].items():
-        torch.testing.assert_close(two_ranks[0]["state"][name], value, atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(two_ranks[0]["state"][name], value, atol=5e-6, rtol=1e-5)
         assert torch.equal(two_ranks[0]["state"][name], two_ranks[1]["state"][name])
     moved = max((single["state"][k] - single["initial"][k]).abs().max().item() for k in single["initial"])
     assert moved > 1e-3

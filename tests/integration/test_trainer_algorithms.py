@@ -105,3 +105,20 @@ def test_dr_grpo_on_split_placement(inputs: dict[str, str], tmp_path: Path) -> N
     )
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert (tmp_path / "global_step_3" / "COMMITTED").exists()
+
+
+def test_ppo_with_token_budget_micro_batches_on_two_ranks(inputs: dict[str, str], tmp_path: Path) -> None:
+    """verl's use_dynamic_bsz for actor, old/ref log-probs and critic; two mini-batches force the old pass."""
+    rows = train(
+        inputs,
+        tmp_path,
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=100",  # ~3 rows of <= 33 tokens per micro-batch
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "critic.ppo_max_token_len_per_gpu=100",
+    )
+    assert [r["step"] for r in rows] == [1, 2]
+    assert {"timing_s/old_log_prob", "timing_s/ref", "timing_s/values", "critic/vf_loss"} <= set(rows[-1])
+    assert "actor/pg_loss" in rows[-1]  # critic_warmup is 0: the actor trained at step 1 and 2

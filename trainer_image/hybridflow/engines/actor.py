@@ -29,6 +29,7 @@ from hybridflow.engines.batching import (
     MetricAccumulator,
     accumulation_scale,
     loss_units,
+    plan_micro_batches,
     shuffled,
     split_batch,
 )
@@ -75,25 +76,48 @@ class PPOActor:
         self._updates = 0
 
     def compute_log_prob(
-        self, data: DataProto, micro_batch_size: int | None = None, calculate_entropy: bool = False
+        self,
+        data: DataProto,
+        micro_batch_size: int | None = None,
+        calculate_entropy: bool = False,
+        max_token_len: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per-token log-probs (b, R) of `responses` under the model, and entropies when asked."""
+        """Per-token log-probs (b, R) of `responses` under the model, and entropies when asked.
+
+        Micro-batches: `micro_batch_size` rows, or packed by a token budget (`max_token_len`, see
+        `plan_micro_batches`); results come back in the rows' order either way.
+        """
         temperature = float(data.meta_info.get("temperature", 1.0))
+        inputs = data.select(list(MODEL_INPUTS))
+        rows, resp_len = inputs.batch["responses"].shape
+        log_probs = torch.zeros(rows, resp_len)
+        entropys = torch.zeros(rows, resp_len) if calculate_entropy else None
         was_training = self.engine.module.training
         self.engine.module.eval()
-        log_probs, entropys = [], []
         with torch.no_grad():
-            for micro in split_batch(data.select(list(MODEL_INPUTS)), micro_batch_size):
+            for idx in plan_micro_batches(inputs, micro_batch_size, max_token_len, self.engine.max_over_ranks):
+                micro = inputs.select_idxs(idx)
                 logits = response_logits(self.engine, micro, temperature)
-                log_probs.append(logprobs_from_logits(logits, micro.batch["responses"].to(logits.device)))
-                if calculate_entropy:
-                    entropys.append(entropy_from_logits(logits))
+                responses = micro.batch["responses"].to(logits.device)
+                log_probs[idx] = logprobs_from_logits(logits, responses).float().cpu()
+                if entropys is not None:
+                    entropys[idx] = entropy_from_logits(logits).float().cpu()
         self.engine.module.train(was_training)
-        ent = torch.cat(entropys).cpu() if calculate_entropy else None
-        return torch.cat(log_probs).cpu(), ent
+        return log_probs, entropys
 
-    def update_policy(self, data: DataProto, mini_batch_size: int, micro_batch_size: int | None) -> dict[str, float]:
-        """PPO epochs over mini-batches of this rank's rows; returns verl-named metric means."""
+    def update_policy(
+        self,
+        data: DataProto,
+        mini_batch_size: int,
+        micro_batch_size: int | None,
+        max_token_len: int | None = None,
+    ) -> dict[str, float]:
+        """PPO epochs over mini-batches of this rank's rows; returns verl-named metric means.
+
+        Micro-batches (gradient accumulation) hold `micro_batch_size` rows, or are packed by the
+        token budget `max_token_len` (verl's use_dynamic_bsz); the loss scaling makes any split give
+        the gradient of the mini-batch mean.
+        """
         cfg = self.config
         mode = str(_get(cfg, "loss_agg_mode", "token-mean"))
         entropy_coeff = float(_get(cfg, "entropy_coeff", 0.0))
@@ -131,7 +155,8 @@ class PPOActor:
             for mini in split_batch(batch, mini_batch_size):
                 mask_all = mini.batch["response_mask"]
                 global_units = self.engine.all_reduce_sum(loss_units(mask_all, mode))
-                for micro in split_batch(mini, micro_batch_size):
+                for idx in plan_micro_batches(mini, micro_batch_size, max_token_len, self.engine.max_over_ranks):
+                    micro = mini.select_idxs(idx)
                     b = micro.batch
                     device = self.engine.device
                     mask = b["response_mask"].to(device)

@@ -11,6 +11,7 @@ from hybridflow.engines.batching import (
     MetricAccumulator,
     accumulation_scale,
     loss_units,
+    plan_micro_batches,
     shuffled,
     split_batch,
 )
@@ -37,19 +38,25 @@ class PPOCritic:
         self.seed = seed
         self._updates = 0
 
-    def compute_values(self, data: DataProto, micro_batch_size: int | None = None) -> torch.Tensor:
-        """Values (b, R), zero on padding positions of the response."""
+    def compute_values(
+        self, data: DataProto, micro_batch_size: int | None = None, max_token_len: int | None = None
+    ) -> torch.Tensor:
+        """Values (b, R), zero on padding positions of the response (micro-batches as in the actor)."""
+        inputs = data.select(list(MODEL_INPUTS))
+        out = torch.zeros(inputs.batch["responses"].shape)
         was_training = self.engine.module.training
         self.engine.module.eval()
-        out = []
         with torch.no_grad():
-            for micro in split_batch(data.select(list(MODEL_INPUTS)), micro_batch_size):
+            for idx in plan_micro_batches(inputs, micro_batch_size, max_token_len, self.engine.max_over_ranks):
+                micro = inputs.select_idxs(idx)
                 values = response_values(self.engine, micro)
-                out.append(values * micro.batch["response_mask"].to(values.device))
+                out[idx] = (values * micro.batch["response_mask"].to(values.device)).float().cpu()
         self.engine.module.train(was_training)
-        return torch.cat(out).cpu()
+        return out
 
-    def update_critic(self, data: DataProto, mini_batch_size: int, micro_batch_size: int | None) -> dict[str, float]:
+    def update_critic(
+        self, data: DataProto, mini_batch_size: int, micro_batch_size: int | None, max_token_len: int | None = None
+    ) -> dict[str, float]:
         """PPO epochs of clipped value regression onto `returns`; verl-named metric means."""
         cfg = self.config
         mode = str(_get(cfg, "loss_agg_mode", "token-mean"))
@@ -62,7 +69,8 @@ class PPOCritic:
                 batch = shuffled(batch, seed=self.seed + 1000 * self._updates + epoch)
             for mini in split_batch(batch, mini_batch_size):
                 global_units = self.engine.all_reduce_sum(loss_units(mini.batch["response_mask"], mode))
-                for micro in split_batch(mini, micro_batch_size):
+                for idx in plan_micro_batches(mini, micro_batch_size, max_token_len, self.engine.max_over_ranks):
+                    micro = mini.select_idxs(idx)
                     b = micro.batch
                     device = self.engine.device
                     mask = b["response_mask"].to(device)

@@ -193,12 +193,19 @@ class FSDPEngine:
         position_ids: torch.Tensor,
         logits_to_keep: int = 0,
     ) -> Any:
-        """The model's logits (causal LM: (b, T, vocab); value model: (b, T, 1)).
+        """The model's logits for the last positions (causal LM: (b, T', vocab); value model: (b, T', 1)).
 
-        `logits_to_keep` > 0: only the last that many positions' logits are guaranteed (all of them
-        when the model cannot restrict its head); callers index from the end.
+        T' <= T: leading columns that are padding in every row are not computed, and with
+        `logits_to_keep` > 0 only that many last positions are guaranteed (all of them when the model
+        cannot restrict its head). Callers index from the end.
         """
         extra = {"logits_to_keep": logits_to_keep} if logits_to_keep > 0 and self.can_keep_logits else {}
+        # Left padding that every row has is dropped: nothing attends to it and its outputs are never
+        # read (callers index from the end), so the result is the same with less compute.
+        used = attention_mask.bool().any(dim=0).nonzero()
+        first = int(used[0]) if len(used) else 0
+        if first > 0:
+            input_ids, attention_mask, position_ids = (t[:, first:] for t in (input_ids, attention_mask, position_ids))
         out = self.module(
             input_ids=input_ids.to(self.device),
             attention_mask=attention_mask.to(self.device),
@@ -214,6 +221,14 @@ class FSDPEngine:
         if self.distributed:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
+
+    def max_over_ranks(self, value: int) -> int:
+        """The largest `value` over all ranks (itself when not distributed); a collective."""
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
 
     def optimizer_step(self) -> float:
         """Clip the global grad norm, step the optimizer and schedule; skip the update on inf/nan.

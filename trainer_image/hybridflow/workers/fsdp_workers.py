@@ -54,6 +54,15 @@ def per_rank(total: int, world_size: int, what: str) -> int:
     return total // world_size
 
 
+def token_budget(dynamic: bool | None, budget: int | None, default_dynamic: bool, default_budget: int) -> int | None:
+    """A role's micro-batch token budget (verl's *_use_dynamic_bsz + *_max_token_len_per_gpu), or None.
+
+    Null settings fall back to the actor's (`actor.use_dynamic_bsz`, `actor.ppo_max_token_len_per_gpu`).
+    """
+    on = default_dynamic if dynamic is None else dynamic
+    return (budget or default_budget) if on else None
+
+
 class _DistributedWorker(Worker):
     """Shared set-up: config, device, torch.distributed (gloo on CPU, NCCL on GPU)."""
 
@@ -100,11 +109,6 @@ class ActorRolloutRefWorker(_DistributedWorker):
         seed = self.config.trainer.seed
         if "actor" in self.roles:
             actor_cfg = arr.actor
-            if actor_cfg.use_dynamic_bsz:
-                raise ValueError(
-                    "actor_rollout_ref.actor.use_dynamic_bsz=true is not supported by the FSDP engine yet; "
-                    "set it to false and size micro-batches with ppo_micro_batch_size_per_gpu"
-                )
             total = actor_cfg.optim.total_training_steps
             engine = FSDPEngine(
                 path,
@@ -159,8 +163,16 @@ class ActorRolloutRefWorker(_DistributedWorker):
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob on a worker with role {self.role!r}, which has no actor")
         self._temperature(data)
-        micro = self.config.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu
-        log_probs, entropys = self.actor.compute_log_prob(data, micro, calculate_entropy=True)
+        arr = self.config.actor_rollout_ref
+        budget = token_budget(
+            arr.rollout.log_prob_use_dynamic_bsz,
+            arr.rollout.log_prob_max_token_len_per_gpu,
+            arr.actor.use_dynamic_bsz,
+            arr.actor.ppo_max_token_len_per_gpu,
+        )
+        log_probs, entropys = self.actor.compute_log_prob(
+            data, arr.rollout.log_prob_micro_batch_size_per_gpu, calculate_entropy=True, max_token_len=budget
+        )
         return DataProto.from_dict(
             tensors={"old_log_probs": log_probs, "entropys": entropys},
             meta_info={"temperature": data.meta_info["temperature"]},
@@ -172,8 +184,14 @@ class ActorRolloutRefWorker(_DistributedWorker):
         if self.ref is None:
             raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r}, which has no ref")
         self._temperature(data)
-        micro = self.config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
-        log_probs, _ = self.ref.compute_log_prob(data, micro)
+        arr = self.config.actor_rollout_ref
+        budget = token_budget(
+            arr.ref.log_prob_use_dynamic_bsz,
+            arr.ref.log_prob_max_token_len_per_gpu,
+            arr.actor.use_dynamic_bsz,
+            arr.actor.ppo_max_token_len_per_gpu,
+        )
+        log_probs, _ = self.ref.compute_log_prob(data, arr.ref.log_prob_micro_batch_size_per_gpu, max_token_len=budget)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -184,7 +202,8 @@ class ActorRolloutRefWorker(_DistributedWorker):
         self._temperature(data)
         arr = self.config.actor_rollout_ref
         mini = per_rank(arr.actor.ppo_mini_batch_size * arr.rollout.n, self.world_size, "actor.ppo_mini_batch_size x rollout.n")
-        metrics = self.actor.update_policy(data, mini, arr.actor.ppo_micro_batch_size_per_gpu)
+        budget = arr.actor.ppo_max_token_len_per_gpu if arr.actor.use_dynamic_bsz else None
+        metrics = self.actor.update_policy(data, mini, arr.actor.ppo_micro_batch_size_per_gpu, max_token_len=budget)
         self._sync_rollout()
         return DataProto(meta_info={"metrics": metrics})
 
@@ -244,8 +263,6 @@ class CriticWorker(_DistributedWorker):
         path = c.model.path or self.config.actor_rollout_ref.model.path
         if not path:
             raise ValueError("critic.model.path and actor_rollout_ref.model.path are both unset; set one")
-        if c.use_dynamic_bsz:
-            raise ValueError("critic.use_dynamic_bsz=true is not supported yet; set it to false")
         total = c.optim.total_training_steps
         engine = FSDPEngine(
             path,
@@ -260,6 +277,10 @@ class CriticWorker(_DistributedWorker):
         )
         self.critic = PPOCritic(engine, self._settings(), seed=self.config.trainer.seed)
 
+    def _token_budget(self) -> int | None:
+        c, a = self.config.critic, self.config.actor_rollout_ref.actor
+        return token_budget(c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, a.use_dynamic_bsz, c.ppo_max_token_len_per_gpu)
+
     def _require(self) -> PPOCritic:
         if self.critic is None:
             raise RuntimeError("call init_model on the critic group first")
@@ -268,7 +289,9 @@ class CriticWorker(_DistributedWorker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """Values (b, R) of the response positions."""
-        values = self._require().compute_values(data, self.config.critic.ppo_micro_batch_size_per_gpu)
+        values = self._require().compute_values(
+            data, self.config.critic.ppo_micro_batch_size_per_gpu, max_token_len=self._token_budget()
+        )
         return DataProto.from_dict(tensors={"values": values})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -277,7 +300,9 @@ class CriticWorker(_DistributedWorker):
         s = self._settings()
         n = self.config.actor_rollout_ref.rollout.n
         mini = per_rank(s["ppo_mini_batch_size"] * n, self.world_size, "critic.ppo_mini_batch_size x rollout.n")
-        metrics = self._require().update_critic(data, mini, self.config.critic.ppo_micro_batch_size_per_gpu)
+        metrics = self._require().update_critic(
+            data, mini, self.config.critic.ppo_micro_batch_size_per_gpu, max_token_len=self._token_budget()
+        )
         return DataProto(meta_info={"metrics": metrics})
 
     @register(Dispatch.ONE_TO_ALL)
