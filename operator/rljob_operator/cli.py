@@ -19,7 +19,7 @@ import yaml
 
 from rljob_operator import api, changes
 from rljob_operator.builders import build_children
-from rljob_operator.validation import check_rljob
+from rljob_operator.validation import ValidationReport, check_rljob
 
 #: Stands in for metadata.uid when rendering without a cluster (the API server assigns the real one).
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -112,43 +112,73 @@ def _load_all(files: list[str], err: TextIO) -> list[tuple[str, int, Any]] | Non
     return docs
 
 
+@dataclass(frozen=True)
+class Manifest:
+    """One document of a manifest file: where it is, the object, its checks (None if not an RLJob)."""
+
+    where: str
+    doc: Any
+    report: ValidationReport | None
+
+
+def _manifest_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The parser `validate` and `render` share: a repeatable, required -f/--filename."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
+                        help="manifest file (repeatable; - reads stdin)")  # fmt: skip
+    return parser
+
+
+def _check_manifests(files: list[str]) -> list[Manifest] | None:
+    """Every document of `files`, each RLJob checked; None (after saying why on stderr) if a file is unusable."""
+    docs = _load_all(files, sys.stderr)
+    if docs is None:
+        return None
+    return [
+        Manifest(f"{path}: {_label(index, doc)}", doc, check_rljob(doc) if _is_rljob(doc) else None)
+        for path, index, doc in docs
+    ]
+
+
+def _no_rljob_found(files: list[str]) -> int:
+    """Say on stderr that `files` hold no RLJob; return exit status 1."""
+    print(f"no RLJob found in {', '.join(files)}; expected kind: {api.KIND}", file=sys.stderr)
+    return 1
+
+
 # ------------------------------------------------------------------------------------------- validate
 
 
 def validate_main(argv: list[str]) -> int:
     """`rljob validate -f FILE...`: exit 0 if every RLJob is valid, 1 listing every problem otherwise."""
-    parser = argparse.ArgumentParser(
-        prog="rljob validate",
-        description="Check RLJob manifests offline with the operator's own rules: the API schema, the "
+    parser = _manifest_parser(
+        "rljob validate",
+        "Check RLJob manifests offline with the operator's own rules: the API schema, the "
         "trainer config (hybridflow.config) and whether the cluster shape fits. Multi-document YAML; "
         "documents that are not RLJobs are skipped.",
     )
-    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
-                        help="manifest file (repeatable; - reads stdin)")  # fmt: skip
     args = parser.parse_args(argv)
-    docs = _load_all(args.filename, sys.stderr)
-    if docs is None:
+    manifests = _check_manifests(args.filename)
+    if manifests is None:
         return 1
     invalid = checked = 0
-    for path, index, doc in docs:
-        where = f"{path}: {_label(index, doc)}"
-        if not _is_rljob(doc):
-            print(f"{where}: skipped (not an RLJob)")
+    for item in manifests:
+        if item.report is None:
+            print(f"{item.where}: skipped (not an RLJob)")
             continue
         checked += 1
-        report = check_rljob(doc)
-        for warning in report.warnings:
-            print(f"{where}: warning: {warning}")
-        if report.errors:
+        for warning in item.report.warnings:
+            print(f"{item.where}: warning: {warning}")
+        errors = item.report.errors
+        if errors:
             invalid += 1
-            print(f"{where}: invalid ({len(report.errors)} problem{'s' if len(report.errors) != 1 else ''}):")
-            for problem in report.errors:
+            print(f"{item.where}: invalid ({len(errors)} problem{'s' if len(errors) != 1 else ''}):")
+            for problem in errors:
                 print(f"  - {problem}")
         else:
-            print(f"{where}: valid")
+            print(f"{item.where}: valid")
     if checked == 0:
-        print(f"no RLJob found in {', '.join(args.filename)}; expected kind: {api.KIND}", file=sys.stderr)
-        return 1
+        return _no_rljob_found(args.filename)
     return 1 if invalid else 0
 
 
@@ -164,41 +194,37 @@ def _attempt(text: str) -> int:
 
 def render_main(argv: list[str]) -> int:
     """`rljob render -f FILE [--attempt N]`: print every child manifest as multi-document YAML."""
-    parser = argparse.ArgumentParser(
-        prog="rljob render",
-        description="Print the objects the operator would create for each RLJob (its ConfigMap and the "
+    parser = _manifest_parser(
+        "rljob render",
+        "Print the objects the operator would create for each RLJob (its ConfigMap and the "
         "RayJob of one attempt) as multi-document YAML. Nothing is sent to a cluster. Invalid RLJobs are "
         "reported as by `rljob validate` and not rendered.",
     )
-    parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
-                        help="manifest file (repeatable; - reads stdin)")  # fmt: skip
     parser.add_argument("--attempt", type=_attempt, default=1, help="attempt number to render (default 1)")
     args = parser.parse_args(argv)
-    docs = _load_all(args.filename, sys.stderr)
-    if docs is None:
+    manifests = _check_manifests(args.filename)
+    if manifests is None:
         return 1
     rendered: list[dict[str, Any]] = []
     failed = False
-    for path, index, doc in docs:
-        if not _is_rljob(doc):
+    for item in manifests:
+        if item.report is None:
             continue
-        report = check_rljob(doc)
-        if report.errors:
+        if item.report.errors:
             failed = True
-            print(f"{path}: {_label(index, doc)}: invalid, not rendered:", file=sys.stderr)
-            for problem in report.errors:
+            print(f"{item.where}: invalid, not rendered:", file=sys.stderr)
+            for problem in item.report.errors:
                 print(f"  - {problem}", file=sys.stderr)
             continue
-        rljob = api.RLJob.model_validate(doc)
+        rljob = api.RLJob.model_validate(item.doc)
         if not rljob.metadata.uid:
             rljob.metadata.uid = PLACEHOLDER_UID
-        notes = changes.attempt_annotations(doc, changes.checkpoint_location(doc))
+        notes = changes.attempt_annotations(item.doc, changes.checkpoint_location(item.doc))
         rendered.extend(build_children(rljob, args.attempt, notes))
     if failed:
         return 1
     if not rendered:
-        print(f"no RLJob found in {', '.join(args.filename)}; expected kind: {api.KIND}", file=sys.stderr)
-        return 1
+        return _no_rljob_found(args.filename)
     print(f"# Rendered offline by `rljob render` (attempt {args.attempt}); nothing was applied.")
     print(f"# ownerReferences carry the placeholder uid {PLACEHOLDER_UID} unless the manifest had a uid:")
     print("# on a cluster the operator creates these objects with the RLJob's real uid.")
