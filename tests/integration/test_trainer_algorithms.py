@@ -122,3 +122,7 @@ def test_ppo_with_token_budget_micro_batches_on_two_ranks(inputs: dict[str, str]
     assert [r["step"] for r in rows] == [1, 2]
     assert {"timing_s/old_log_prob", "timing_s/ref", "timing_s/values", "critic/vf_loss"} <= set(rows[-1])
     assert "actor/pg_loss" in rows[-1]  # critic_warmup is 0: the actor trained at step 1 and 2
+    # trainer.balance_batch (on by default) evened the two ranks' token counts
+    assert rows[-1]["global_seqlen/balanced_max"] - rows[-1]["global_seqlen/balanced_min"] <= (
+        rows[-1]["global_seqlen/minmax_diff"]
+    )

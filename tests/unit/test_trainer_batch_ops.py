@@ -141,3 +141,37 @@ def test_reduce_worker_metrics_and_timer() -> None:
 def test_total_training_steps_rule() -> None:
     assert compute_total_training_steps(load_config(None, ["trainer.total_epochs=3"]), 5) == 15
     assert compute_total_training_steps(load_config(None, ["trainer.total_training_steps=4"]), 5) == 4
+
+
+def test_balanced_order_equal_sizes_and_even_sums() -> None:
+    lengths = [10, 9, 1, 1, 8, 2, 7, 2]
+    parts = batch_ops.balanced_order(lengths, 2)
+    assert [len(p) for p in parts] == [4, 4]
+    assert sorted(i for p in parts for i in p) == list(range(8))
+    sums = [sum(lengths[i] for i in p) for p in parts]
+    assert sums == [20, 20]  # contiguous halves: 21 vs 19
+    lopsided = [10, 10, 10, 10, 1, 1, 1, 1]  # contiguous halves: 40 vs 4
+    sums = [sum(lopsided[i] for i in p) for p in batch_ops.balanced_order(lopsided, 2)]
+    assert sums == [22, 22]
+    with pytest.raises(ValueError, match="7 rows cannot be split into 2 equal parts"):
+        batch_ops.balanced_order([1] * 7, 2)
+
+
+def test_balance_batch_moves_whole_rows_and_reports_verl_metrics() -> None:
+    mask = torch.zeros(4, 6, dtype=torch.long)
+    for i, n in enumerate([6, 5, 1, 2]):  # ranks would get 11 and 3 tokens in order
+        mask[i, -n:] = 1
+    batch = DataProto.from_dict(
+        {"attention_mask": mask, "row": torch.arange(4)}, {"uid": np.array(["a", "b", "c", "d"], dtype=object)}
+    )
+    balanced, metrics = batch_ops.balance_batch(batch, 2)
+    assert metrics["global_seqlen/minmax_diff"] == 8.0
+    assert metrics["global_seqlen/balanced_max"] - metrics["global_seqlen/balanced_min"] <= 2.0
+    assert metrics["global_seqlen/mean"] == 7.0
+    rows = balanced.batch["row"].tolist()
+    assert sorted(rows) == [0, 1, 2, 3] and rows != [0, 1, 2, 3]
+    # every field moves with its row
+    assert [balanced.non_tensor_batch["uid"][k] for k in range(4)] == ["abcd"[r] for r in rows]
+    assert torch.equal(balanced.batch["attention_mask"], mask[rows])
+    same, none = batch_ops.balance_batch(batch, 1)
+    assert same is batch and none == {}

@@ -85,6 +85,52 @@ def group_filter_metric(batch: DataProto, metric: str, extra_info: dict[str, lis
     )
 
 
+def balanced_order(lengths: list[int], parts: int) -> list[list[int]]:
+    """Split row indices into `parts` lists of equal size with sums of `lengths` as even as possible.
+
+    Longest-processing-time first with a cardinality bound: rows longest first, each to the part
+    with the smallest sum that still has room (Graham 1969's LPT; within 4/3 of the best makespan
+    without the size bound, close to it with one in practice). Deterministic: ties go to the lower index.
+    """
+    if parts < 1 or len(lengths) % parts:
+        raise ValueError(f"{len(lengths)} rows cannot be split into {parts} equal parts")
+    size = len(lengths) // parts
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    members: list[list[int]] = [[] for _ in range(parts)]
+    sums = [0] * parts
+    for i in order:
+        k = min((k for k in range(parts) if len(members[k]) < size), key=lambda k: (sums[k], k))
+        members[k].append(i)
+        sums[k] += lengths[i]
+    return [sorted(m) for m in members]
+
+
+def balance_batch(batch: DataProto, world_size: int) -> tuple[DataProto, dict[str, float]]:
+    """Reorder rows so each data-parallel rank's contiguous chunk holds a similar token count.
+
+    verl's trainer.balance_batch: workers get `chunk(world_size)` of the batch, and a step waits for
+    the slowest rank, so the tokens (attention_mask sums) are spread evenly. Returns the reordered
+    batch and verl's `global_seqlen/*` metrics (per-rank token sums before and after).
+    """
+    lengths = batch.batch["attention_mask"].sum(-1).tolist()
+    n = len(lengths)
+    if world_size <= 1 or n % world_size:
+        return batch, {}
+    parts = balanced_order(lengths, world_size)
+    size = n // world_size
+    before = [sum(lengths[r * size : (r + 1) * size]) for r in range(world_size)]
+    after = [sum(lengths[i] for i in part) for part in parts]
+    metrics = {
+        "global_seqlen/min": float(min(before)),
+        "global_seqlen/max": float(max(before)),
+        "global_seqlen/minmax_diff": float(max(before) - min(before)),
+        "global_seqlen/balanced_min": float(min(after)),
+        "global_seqlen/balanced_max": float(max(after)),
+        "global_seqlen/mean": float(sum(lengths) / world_size),
+    }
+    return batch.select_idxs(torch.tensor([i for part in parts for i in part])), metrics
+
+
 def truncate_groups(batch: DataProto, num_groups: int) -> DataProto:
     """Keep the first `num_groups` groups (rows of one uid are contiguous after interleaved repeat)."""
     uids = batch.non_tensor_batch["uid"]

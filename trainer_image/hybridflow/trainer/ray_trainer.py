@@ -160,6 +160,9 @@ class RayPPOTrainer:
         timings: dict[str, float] = {}
         with timed("step", timings):
             batch = self.rollout(metrics, timings)
+            if self.config.trainer.balance_batch:
+                batch, balance = batch_ops.balance_batch(batch, self.workers.world_size)
+                metrics.update(balance)
             if self.recompute_old_log_prob:
                 with timed("old_log_prob", timings):
                     batch = self.compute_old_log_probs(batch, metrics)
