@@ -47,9 +47,21 @@ def train(inputs: dict[str, str], tmp_path: Path, *overrides: str) -> list[dict]
 
 
 def test_remax_uses_a_greedy_baseline(inputs: dict[str, str], tmp_path: Path) -> None:
-    rows = train(inputs, tmp_path, "algorithm.adv_estimator=remax")
-    assert [r["step"] for r in rows] == [1, 2]
+    rows = train(
+        inputs,
+        tmp_path,
+        "algorithm.adv_estimator=remax",
+        "trainer.val_before_train=true",
+        "trainer.test_freq=2",
+        "trainer.log_val_generations=3",
+    )
+    assert [r["step"] for r in rows] == [0, 1, 2]
     assert "actor/pg_loss" in rows[-1]
+    # the same 3 validation prompts, decoded, at each validation
+    samples = [json.loads(x) for x in (tmp_path / "val_generations.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [0, 0, 0, 2, 2, 2]
+    assert [s["input"] for s in samples[:3]] == [s["input"] for s in samples[3:]]
+    assert all(s["input"] and s["score"] in (0.0, 1.0) for s in samples)
 
 
 def test_dapo_dynamic_sampling_clip_higher_and_overlong(inputs: dict[str, str], tmp_path: Path) -> None:

@@ -152,3 +152,38 @@ def test_wandb_resumes_the_same_run_id(monkeypatch: pytest.MonkeyPatch) -> None:
     again.log({"a": 1.0, "b": float("inf")}, step=3)
     assert calls[1]["id"] == "new-id" and calls[1]["resume"] == "allow"
     assert again.loggers["wandb"].run.logged == [({"a": 1.0}, 3)]
+
+
+SAMPLES = [("What is 2+2?", "4", 1.0), ("Name | a colour", "blue\nish", 0.0)]
+
+
+def test_generations_on_console_and_beside_the_metrics_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(tracking.FILE_LOGGER_ENV, raising=False)
+    stream = io.StringIO()
+    logger = Tracking("p", "e", ["console", "file"], default_local_dir=str(tmp_path), stream=stream)
+    logger.log_generations(SAMPLES, step=0)
+    logger.log_generations(SAMPLES[:1], step=5)
+    printed = stream.getvalue()
+    assert "validation generations at step 0:" in printed and "[1] 'What is 2+2?' -> '4'" in printed
+    rows = [json.loads(x) for x in (tmp_path / tracking.GENERATIONS_FILE).read_text().splitlines()]
+    assert rows == [
+        {"step": 0, "input": "What is 2+2?", "output": "4", "score": 1.0},
+        {"step": 0, "input": "Name | a colour", "output": "blue\nish", "score": 0.0},
+        {"step": 5, "input": "What is 2+2?", "output": "4", "score": 1.0},
+    ]
+    assert not (tmp_path / "metrics.jsonl").exists()  # samples never enter the metrics stream
+
+
+def test_generations_as_tensorboard_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    logger = Tracking("p", "e", ["tensorboard"])
+    logger.log_generations(SAMPLES, step=3)
+    logger.finish()
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    events.Reload()
+    (text,) = events.Tensors("val/generations/text_summary")
+    table = text.tensor_proto.string_val[0].decode()
+    assert text.step == 3
+    assert "| 1 | What is 2+2? | 4 |" in table and "Name \\| a colour" in table and "blue<br>ish" in table

@@ -157,3 +157,18 @@ def test_choose_prefers_the_checkpoint_then_progress_and_disable_starts_fresh() 
     assert choose_wandb_run_id(None, record, "disable") is None
     assert choose_wandb_run_id(None, None, "auto") is None
     assert choose_wandb_run_id(None, Progress(step=1), "auto") is None
+
+
+def test_validation_generations_become_a_growing_table(offline_wandb: Path) -> None:
+    run = Tracking("proj", "exp", ["wandb"], {})
+    run.log_generations([("What is 2+2?", "4", 1.0)], step=0)
+    run.log_generations([("What is 2+2?", "5", 0.0)], step=2)
+    run.finish()
+    (folder,) = run_folders(offline_wandb, str(run.wandb_run_id))
+    _, history = logged(folder)
+    # a table is recorded as nested keys: val/generations/{_type,nrows,ncols,path,...}
+    tables = {step: row for step, row in history.items() if "val/generations/nrows" in row}
+    assert sorted(tables) == [0, 2]
+    assert tables[0]["val/generations/_type"] == "table-file" and tables[0]["val/generations/ncols"] == 4
+    assert tables[0]["val/generations/nrows"] == 1
+    assert tables[2]["val/generations/nrows"] == 2  # earlier validations stay in the table

@@ -175,3 +175,23 @@ def test_balance_batch_moves_whole_rows_and_reports_verl_metrics() -> None:
     assert torch.equal(balanced.batch["attention_mask"], mask[rows])
     same, none = batch_ops.balance_batch(batch, 1)
     assert same is batch and none == {}
+
+
+def test_pick_samples_is_a_fixed_choice_of_prompts() -> None:
+    samples = [(f"q{i}", f"a{i}", float(i % 2)) for i in range(10)]
+    first = batch_ops.pick_samples(samples, 3)
+    later = batch_ops.pick_samples([(q, a + "!", s) for q, a, s in reversed(samples)], 3)
+    assert len(first) == 3 and [q for q, _, _ in first] == [q for q, _, _ in later]
+    assert sorted(batch_ops.pick_samples(samples, 50)) == samples  # more than there are: all of them
+
+
+def test_decode_samples_drops_padding() -> None:
+    class Chars:
+        def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+            return "".join(chr(96 + i) for i in ids)
+
+    prompts = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    responses = torch.tensor([[6, 0], [7, 8]])
+    attention = torch.tensor([[0, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    batch = DataProto.from_dict({"prompts": prompts, "responses": responses, "attention_mask": attention})
+    assert batch_ops.decode_samples(batch, Chars()) == (["ab", "cde"], ["f", "gh"])

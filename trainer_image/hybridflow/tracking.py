@@ -21,6 +21,7 @@ import fsspec
 BACKENDS = ("console", "file", "tensorboard", "wandb", "prometheus")
 FILE_LOGGER_ENV = "HYBRIDFLOW_FILE_LOGGER_PATH"
 METRICS_FILE = "metrics.jsonl"
+GENERATIONS_FILE = "val_generations.jsonl"  # trainer.log_val_generations, beside the metrics file
 
 
 class Logger(Protocol):
@@ -99,8 +100,19 @@ class ConsoleLogger:
             format_console_line(data, step, self.total_steps, avg), file=self.stream or sys.stdout, flush=True
         )
 
+    def log_generations(self, samples: Sequence[tuple[str, str, float]], step: int) -> None:
+        """Print each sample as `[score] input -> output` (long texts shortened)."""
+        out = self.stream or sys.stdout
+        print(f"validation generations at step {step}:", file=out)
+        for text_in, text_out, score in samples:
+            print(f"  [{score:g}] {_shorten(text_in)!r} -> {_shorten(text_out)!r}", file=out, flush=True)
+
     def finish(self) -> None:
         """Nothing to close."""
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit // 2 - 2] + " .. " + text[-(limit // 2 - 2) :]
 
 
 class FileLogger:
@@ -118,18 +130,31 @@ class FileLogger:
         )
         self.fs.makedirs(os.path.dirname(self._fs_path) or ".", exist_ok=True)
         self._lines: list[str] = []
+        self._generations: FileLogger | None = None
         if not self._local and self.fs.exists(self._fs_path):
             self._lines = self.fs.cat_file(self._fs_path).decode().splitlines()
 
     def log(self, data: Mapping[str, float | None], step: int) -> None:
-        line = json.dumps({"step": step, **data})
+        self.append([json.dumps({"step": step, **data})])
+
+    def append(self, lines: Sequence[str]) -> None:
+        """Add JSON lines to the file (appended locally, the whole file rewritten on object stores)."""
         if self._local:
             with open(self._fs_path, "a", encoding="utf-8") as handle:
-                handle.write(line + "\n")
+                handle.write("".join(line + "\n" for line in lines))
             return
-        self._lines.append(line)
+        self._lines += lines
         with self.fs.open(self._fs_path, "wb") as handle:
             handle.write(("\n".join(self._lines) + "\n").encode())
+
+    def log_generations(self, samples: Sequence[tuple[str, str, float]], step: int) -> None:
+        """One JSON line per sample (`step`, `input`, `output`, `score`) in val_generations.jsonl beside the metrics."""
+        if self._generations is None:
+            folder = self.path.rsplit("/", 1)[0] if "/" in self.path else "."
+            self._generations = FileLogger(f"{folder}/{GENERATIONS_FILE}")
+        self._generations.append(
+            [json.dumps({"step": step, "input": i, "output": o, "score": score}) for i, o, score in samples]
+        )
 
     def finish(self) -> None:
         """Nothing buffered."""
@@ -149,8 +174,19 @@ class TensorboardLogger:
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def log_generations(self, samples: Sequence[tuple[str, str, float]], step: int) -> None:
+        """A markdown table of the samples under the text tag `val/generations`."""
+        rows = ["| score | input | output |", "|---|---|---|"]
+        rows += [f"| {score:g} | {_md(i)} | {_md(o)} |" for i, o, score in samples]
+        self.writer.add_text("val/generations", "\n".join(rows), step)
+        self.writer.flush()
+
     def finish(self) -> None:
         self.writer.close()
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", "<br>")
 
 
 class WandbLogger:
@@ -169,9 +205,16 @@ class WandbLogger:
             project=project, name=name, config=dict(config or {}), id=run_id, resume="allow"
         )
         self.run_id: str = self.run.id
+        self._generation_rows: list[list[Any]] = []
 
     def log(self, data: Mapping[str, float | None], step: int) -> None:
         self.run.log({k: v for k, v in data.items() if v is not None}, step=step)
+
+    def log_generations(self, samples: Sequence[tuple[str, str, float]], step: int) -> None:
+        """A `val/generations` table (step, input, output, score) that grows with every validation."""
+        self._generation_rows += [[step, i, o, score] for i, o, score in samples]
+        table = self._wandb.Table(columns=["step", "input", "output", "score"], data=self._generation_rows)
+        self.run.log({"val/generations": table}, step=step)
 
     def finish(self) -> None:
         self.run.finish()
@@ -251,6 +294,13 @@ class Tracking:
             notify = getattr(logger, "checkpoint_saved", None)
             if notify is not None:
                 notify(step, uri)
+
+    def log_generations(self, samples: Sequence[tuple[str, str, float]], step: int) -> None:
+        """Send validation samples (input, output, score) to the backends that show text."""
+        for logger in self.loggers.values():
+            show = getattr(logger, "log_generations", None)
+            if show is not None:
+                show(samples, step)
 
     def finish(self) -> None:
         """Flush and close every backend."""

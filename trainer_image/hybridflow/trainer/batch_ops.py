@@ -131,6 +131,23 @@ def balance_batch(batch: DataProto, world_size: int) -> tuple[DataProto, dict[st
     return batch.select_idxs(torch.tensor([i for part in parts for i in part])), metrics
 
 
+def decode_samples(batch: DataProto, tokenizer: Any) -> tuple[list[str], list[str]]:
+    """Prompt and response texts of each row (padding and special tokens dropped)."""
+    prompts, responses = batch.batch["prompts"], batch.batch["responses"]
+    prompt_mask = batch.batch["attention_mask"][:, : prompts.shape[1]].bool()
+    response_mask = response_mask_of(batch).bool()
+    inputs = [tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(prompts, prompt_mask, strict=True)]
+    outputs = [tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(responses, response_mask, strict=True)]
+    return inputs, outputs
+
+
+def pick_samples(samples: list[tuple[str, str, float]], count: int, seed: int = 42) -> list[tuple[str, str, float]]:
+    """`count` samples, the same prompts at every call for the same data: sorted by input, then a seeded shuffle."""
+    ordered = sorted(samples, key=lambda sample: sample[0])
+    np.random.RandomState(seed).shuffle(ordered)
+    return ordered[:count]
+
+
 def truncate_groups(batch: DataProto, num_groups: int) -> DataProto:
     """Keep the first `num_groups` groups (rows of one uid are contiguous after interleaved repeat)."""
     uids = batch.non_tensor_batch["uid"]

@@ -316,10 +316,15 @@ class RayPPOTrainer:
             sync_weights(self.workers.actor_rollout, self.workers.rollout)
 
     def validate(self) -> dict[str, float]:
-        """Greedy (val_kwargs) generation on the whole validation set; mean score per data source."""
+        """Greedy (val_kwargs) generation on the whole validation set; mean score per data source.
+
+        With trainer.log_val_generations=N, N (input, output, score) samples go to the loggers: the
+        same prompts every validation (a fixed choice), so their answers can be followed over training.
+        """
         val_kwargs = self.config.actor_rollout_ref.rollout.val_kwargs
         n = val_kwargs.n
         scores: dict[str, list[float]] = {}
+        samples: list[tuple[str, str, float]] = []
         for batch in self.val_dataloader:
             gen_input = batch.select(
                 batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=_present(batch, ["raw_prompt_ids"])
@@ -333,6 +338,11 @@ class RayPPOTrainer:
             seq_scores = self.val_reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1).tolist()
             for source, value in zip(batch.non_tensor_batch["data_source"], seq_scores, strict=True):
                 scores.setdefault(str(source), []).append(value)
+            if self.config.trainer.log_val_generations > 0:
+                samples += zip(*batch_ops.decode_samples(batch, self.tokenizer), seq_scores, strict=True)
+        if samples and self.tracker is not None:
+            chosen = batch_ops.pick_samples(samples, self.config.trainer.log_val_generations)
+            self.tracker.log_generations(chosen, step=self.global_step)
         return {
             f"val-core/{source}/reward/mean@{n}": float(np.mean(values)) for source, values in scores.items()
         }
