@@ -9,14 +9,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from tests.support.s3 import free_port
+from tests.support.server_process import free_port, start_http_server, stop_process
 
 INSTALL_HINT = "run `make prometheus` (apt-get install -y --no-install-recommends prometheus)"
 
@@ -56,22 +54,12 @@ class PrometheusServer:
 
     def start(self, timeout_s: float = 30.0) -> PrometheusServer:
         """Start and wait for /-/ready."""
-        log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
+        self.process = start_http_server(
             [self.binary or "prometheus", f"--config.file={self.config_path}",
              f"--storage.tsdb.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=log, stderr=subprocess.STDOUT,
+            f"{self.url}/-/ready", name="prometheus", timeout_s=timeout_s, log_path=self.log_path, poll_s=0.2,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"prometheus exited early: {self.log_path.read_text()[-2000:]}")
-            with suppress(OSError):
-                urllib.request.urlopen(f"{self.url}/-/ready", timeout=1).close()
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"prometheus did not become ready in {timeout_s}s: {self.log_path.read_text()[-2000:]}")
+        return self
 
     def api(self, path: str, **params: str) -> Any:
         """GET /api/v1/<path>; return `data` (raises on an error status)."""
@@ -92,11 +80,5 @@ class PrometheusServer:
 
     def stop(self) -> None:
         """Terminate the server (idempotent)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self.process = None

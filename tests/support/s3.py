@@ -19,18 +19,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from tests.support.server_process import free_port, start_http_server, stop_process
+
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    """Return a TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _moto_command() -> list[str]:
@@ -53,20 +48,11 @@ class MotoServer:
 
     def start(self, timeout_s: float = 20.0) -> MotoServer:
         """Start the server and wait until it answers HTTP."""
-        self.process = subprocess.Popen(
-            [*_moto_command(), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        self.process = start_http_server(
+            [*_moto_command(), "-H", "127.0.0.1", "-p", str(self.port)], f"{self.url}/moto-api/",
+            name="moto_server", timeout_s=timeout_s, died_hint="is moto[server] installed?",
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self.process.returncode}; is moto[server] installed?")
-            with suppress(OSError):
-                urllib.request.urlopen(f"{self.url}/moto-api/", timeout=1).close()
-                return self
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"moto_server did not answer on {self.url} within {timeout_s}s")
+        return self
 
     def reset(self) -> None:
         """Drop every bucket and object (moto's reset API)."""
@@ -75,13 +61,7 @@ class MotoServer:
 
     def stop(self) -> None:
         """Terminate the server (idempotent)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
         self.process = None
 
 
