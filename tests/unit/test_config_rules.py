@@ -111,6 +111,10 @@ def test_base_is_valid() -> None:
             ["actor_rollout_ref.rollout.temperature=0"],
             "actor_rollout_ref.rollout.do_sample: with greedy decoding",
         ),
+        (
+            ["trainer.n_gpus_per_node=6", "actor_rollout_ref.actor.fsdp_config.fsdp_size=4"],
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size: 4 does not divide the 6 ranks",
+        ),
         # token budgets
         (
             [

@@ -45,7 +45,7 @@ def _divisors(n: int) -> str:
 
 
 def _cluster(cfg: HybridFlowConfig) -> list[str]:
-    """Tensor parallelism fits the nodes and the engine."""
+    """Tensor parallelism and FSDP shard groups fit the nodes and the engine."""
     out = []
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     per_node = cfg.trainer.n_gpus_per_node
@@ -56,6 +56,19 @@ def _cluster(cfg: HybridFlowConfig) -> list[str]:
         )
     if cfg.actor_rollout_ref.rollout.name == "hf" and tp != 1:
         out.append(f"{ROLLOUT}.tensor_model_parallel_size: the hf rollout does not shard; set it to 1")
+    world = cfg.world_size
+    fsdp_configs = [
+        (f"{ACTOR}.fsdp_config.fsdp_size", cfg.actor_rollout_ref.actor.fsdp_config),
+        ("actor_rollout_ref.ref.fsdp_config.fsdp_size", cfg.actor_rollout_ref.ref.fsdp_config),
+        ("critic.model.fsdp_config.fsdp_size", cfg.critic.model.fsdp_config),
+    ]
+    for path, fsdp in fsdp_configs:
+        size = fsdp.fsdp_size
+        if 0 < size < world and world % size:
+            out.append(
+                f"{path}: {size} does not divide the {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); "
+                f"use one of {_divisors(world)} (the GPUs per node shards within a node) or -1"
+            )
     return out
 
 

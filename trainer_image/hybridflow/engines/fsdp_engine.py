@@ -158,12 +158,19 @@ class FSDPEngine:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         fsdp_size = int(_get(fsdp_config, "fsdp_size", -1))
-        if fsdp_size not in (-1, self.world_size):
+        if fsdp_size < 0 or fsdp_size >= self.world_size:
+            mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
+        elif self.world_size % fsdp_size:
             raise ValueError(
-                f"fsdp_config.fsdp_size={fsdp_size} asks for hybrid sharding, which this engine does not "
-                f"support; use -1 (shard over all {self.world_size} ranks)"
+                f"fsdp_config.fsdp_size={fsdp_size} does not divide the {self.world_size} ranks; use a divisor "
+                "(e.g. the GPUs per node) or -1 to shard over all ranks"
             )
-        mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("fsdp",))
+        else:
+            # Hybrid sharding (HSDP): shard within groups of fsdp_size ranks (e.g. one node), replicate
+            # across groups, so parameter all-gathers stay inside a group and only gradients cross.
+            mesh = init_device_mesh(
+                self.device.type, (self.world_size // fsdp_size, fsdp_size), mesh_dim_names=("ddp", "fsdp")
+            )
         kwargs: dict[str, Any] = {
             "mesh": mesh,
             "reshard_after_forward": bool(_get(fsdp_config, "reshard_after_forward", True)),
