@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--response-length", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--rollout-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--workers", type=int, default=1,
                         help="our worker processes; the machine's cores are split between them")
