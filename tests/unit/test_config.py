@@ -392,6 +392,16 @@ def test_validate_for_run_requires_model_and_data() -> None:
         check_runnable(cfg)
 
 
+def test_async_rollout_mode_is_refused_before_a_run() -> None:
+    """verl's server-based agent loop is not implemented: the config says so instead of running sync silently."""
+    cfg = load_config(
+        None,
+        ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.mode=async"],
+    )
+    with pytest.raises(ConfigError, match="rollout.mode: async .* is not implemented in HybridFlow; set it to sync"):
+        cfg.validate_for_run()
+
+
 def test_warmup_style_conflict_is_reported() -> None:
     """The legacy warmup_style key may not contradict lr_scheduler_type."""
     with pytest.raises(ConfigError, match="contradicts lr_scheduler_type"):

@@ -32,6 +32,11 @@ def check_runnable(cfg: HybridFlowConfig) -> list[str]:
         problems.append(
             "data.train_files: required to run; set it to a parquet file or URI (or a list of them)"
         )
+    if cfg.actor_rollout_ref.rollout.mode == "async":
+        problems.append(
+            f"{ROLLOUT}.mode: async (verl's server-based agent-loop rollout) is not implemented in HybridFlow; "
+            "set it to sync (batched generation in the rollout workers, the same samples for single-turn tasks)"
+        )
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         problems.append(
             "reward_model.model.path: required when reward_model.enable is true; set it or disable the reward model"

@@ -10,7 +10,10 @@ from .common import CheckpointConfig, FsdpConfig, OptimConfig, Section
 from .names import KlPenalty, LossAggMode, PolicyLoss, RewardManager, RolloutName
 
 Strategy = Literal["fsdp2", "fsdp"]
-STRATEGY_DOC = "fsdp2 (torch fully_shard, the default here) or fsdp (FSDP1, verl's default)."
+STRATEGY_DOC = (
+    "fsdp2 (torch fully_shard, the default here) or fsdp (verl's default, FSDP1 there); both run on the "
+    "FSDP2 engine here, which shards the same way."
+)
 
 
 class ModelConfig(Section):
@@ -119,7 +122,11 @@ class RolloutConfig(Section):
     """Generation engine and sampling for training rollouts."""
 
     name: RolloutName = Field(default="vllm", description="Engine: vllm, sglang, or hf (plain generate).")
-    mode: Literal["sync", "async"] = Field(default="sync", description="sync: batch generate; async: server.")
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="sync: batch generate in the worker. async (verl's server-based agent loop) is not "
+        "implemented here and is refused before a run starts.",
+    )
     n: int = Field(default=1, gt=0, description="Responses sampled per prompt (> 1 for group estimators).")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
     top_k: int = Field(default=-1, ge=-1, description="Top-k; -1 (or 0) disables it.")
