@@ -376,14 +376,14 @@ def test_non_mapping_input_is_rejected() -> None:
 
 
 def test_validate_for_run_requires_model_and_data() -> None:
-    """A run needs a model path and training files; the reward model needs its path when enabled."""
+    """A run needs a model path and training files; a reward model is refused (not implemented)."""
     cfg = load_config(None, ["reward_model.enable=true"])
     with pytest.raises(ConfigError) as info:
         cfg.validate_for_run()
     assert [p.split(":")[0] for p in info.value.problems] == [
         "actor_rollout_ref.model.path",
         "data.train_files",
-        "reward_model.model.path",
+        "reward_model.enable",
     ]
     ok = load_config(None, ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet"])
     ok.validate_for_run()

@@ -37,9 +37,10 @@ def check_runnable(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.mode: async (verl's server-based agent-loop rollout) is not implemented in HybridFlow; "
             "set it to sync (batched generation in the rollout workers, the same samples for single-turn tasks)"
         )
-    if cfg.reward_model.enable and not cfg.reward_model.model.path:
+    if cfg.reward_model.enable:
         problems.append(
-            "reward_model.model.path: required when reward_model.enable is true; set it or disable the reward model"
+            "reward_model.enable: model-based reward scoring is not implemented in HybridFlow yet; set it to false "
+            "and score with a built-in rule (by data_source) or your function (custom_reward_function.path/.name)"
         )
     return problems
 

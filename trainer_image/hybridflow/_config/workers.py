@@ -271,7 +271,8 @@ class RewardModelConfig(Section):
     """Scoring: a reward model, or rule-based scorers through a reward manager."""
 
     enable: bool = Field(
-        default=False, description="Score with a reward model (otherwise rules / a function)."
+        default=False,
+        description="Score with a reward model: not implemented yet, refused before a run; rules or a function score.",
     )
     strategy: Strategy = Field(default="fsdp2", description=STRATEGY_DOC)
     model: RewardModelModelConfig = Field(
