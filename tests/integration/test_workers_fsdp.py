@@ -7,85 +7,34 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from hybridflow.config import HybridFlowConfig, load_config
-from hybridflow.controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
-from hybridflow.models.tiny import build_tiny_model
+from hybridflow.controller import RayResourcePool, RayWorkerGroup
 from hybridflow.protocol import DataProto
 from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 from hybridflow.workers.weight_sync import sync_weights
+from tests.support.tiny_workers import RESPONSE_LENGTH, make_prompts, max_log_prob_gap, tiny_worker_session
 
 pytestmark = pytest.mark.ray
-RESP = 6
-
-
-def make_config(model_dir: str) -> HybridFlowConfig:
-    return load_config(
-        None,
-        [
-            "trainer.device=cpu",
-            "trainer.n_gpus_per_node=2",
-            f"actor_rollout_ref.model.path={model_dir}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-            "actor_rollout_ref.rollout.name=hf",
-            "actor_rollout_ref.rollout.n=2",
-            "actor_rollout_ref.rollout.calculate_log_probs=true",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "actor_rollout_ref.actor.use_kl_loss=true",
-            "actor_rollout_ref.actor.optim.lr=0.02",
-            "critic.optim.lr=0.01",
-            f"data.max_response_length={RESP}",
-            "data.max_prompt_length=8",
-            "data.train_batch_size=4",
-        ],
-    )
-
-
-def make_prompts(model_dir: str, n_rep: int) -> DataProto:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    texts = ["1+2=", "33+4=", "5+66=", "7="]
-    enc = tok(texts, padding="max_length", max_length=8, return_tensors="pt")  # left padding
-    position_ids = (enc["attention_mask"].cumsum(dim=1) - 1).clamp(min=0)
-    batch = DataProto.from_dict(
-        tensors={"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "position_ids": position_ids},
-        non_tensors={"uid": np.array(["a", "b", "c", "d"], dtype=object)},
-    )
-    return batch.repeat(n_rep, interleave=True)
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    model_dir = str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
-    cfg = make_config(model_dir)
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False)
-    pool = RayResourcePool([2], cpus_per_process=1.0, max_colocate_count=2, name_prefix="global")
-    rollout_pool = RayResourcePool([1], cpus_per_process=1.0, name_prefix="rollout")
-    actor = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="actor_rollout_ref"))
-    critic = RayWorkerGroup(pool, RayClassWithInitArgs(CriticWorker, config=cfg))
-    rollout = RayWorkerGroup(rollout_pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="rollout"))
-    for wg in (actor, critic, rollout):
-        wg.init_model()
-    try:
-        yield {"model_dir": model_dir, "actor": actor, "critic": critic, "rollout": rollout}
-    finally:
+    with tiny_worker_session(
+        tmp_path_factory,
+        "actor_rollout_ref.rollout.name=hf",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "critic.optim.lr=0.01",
+    ) as session:
+        pool = RayResourcePool([2], cpus_per_process=1.0, max_colocate_count=2, name_prefix="global")
+        rollout_pool = RayResourcePool([1], cpus_per_process=1.0, name_prefix="rollout")
+        actor = session.group(pool, ActorRolloutRefWorker, role="actor_rollout_ref")
+        critic = session.group(pool, CriticWorker)
+        rollout = session.group(rollout_pool, ActorRolloutRefWorker, role="rollout")
         for wg in (actor, critic, rollout):
-            wg.shutdown()
-        ray.shutdown()
-
-
-def rollout_matches_actor(actor: RayWorkerGroup, gen: DataProto) -> float:
-    """Max |rollout log-prob - actor log-prob| over response tokens: ~0 only if weights are synced."""
-    old = actor.compute_log_prob(gen).batch["old_log_probs"]
-    mask = gen.batch["response_mask"].bool()
-    return float((old - gen.batch["rollout_log_probs"]).abs()[mask].max())
+            wg.init_model()
+        yield {"model_dir": session.model_dir, "actor": actor, "critic": critic, "rollout": rollout}
 
 
 def add_training_fields(gen: DataProto, actor: RayWorkerGroup) -> DataProto:
@@ -100,13 +49,13 @@ def test_generate_shapes_masks_and_greedy(env: dict[str, Any]) -> None:
     prompts = make_prompts(env["model_dir"], 2)  # n=2, repeated by the caller
     gen = actor.generate_sequences(prompts)
     b = gen.batch
-    assert b["responses"].shape == (8, RESP) and b["input_ids"].shape == (8, 8 + RESP)
+    assert b["responses"].shape == (8, RESPONSE_LENGTH) and b["input_ids"].shape == (8, 8 + RESPONSE_LENGTH)
     assert torch.equal(b["input_ids"][:, :8], prompts.batch["input_ids"])
     assert list(gen.non_tensor_batch["uid"]) == list("aabbccdd")
     mask = b["response_mask"]
     assert bool((mask[:, 1:] <= mask[:, :-1]).all())  # ones then zeros
     assert torch.equal(b["attention_mask"][:, 8:], mask)
-    assert torch.equal(b["position_ids"][:, 8:], b["position_ids"][:, 7:8] + torch.arange(1, RESP + 1))
+    assert torch.equal(b["position_ids"][:, 8:], b["position_ids"][:, 7:8] + torch.arange(1, RESPONSE_LENGTH + 1))
     greedy = {"do_sample": False}
     g1 = actor.generate_sequences(DataProto.from_dict(tensors=dict(prompts.batch), meta_info=greedy))
     g2 = actor.generate_sequences(DataProto.from_dict(tensors=dict(prompts.batch), meta_info=greedy))
@@ -120,7 +69,7 @@ def test_generate_shapes_masks_and_greedy(env: dict[str, Any]) -> None:
 def test_colocated_update_syncs_rollout_and_keeps_ref(env: dict[str, Any]) -> None:
     actor = env["actor"]
     gen = actor.generate_sequences(make_prompts(env["model_dir"], 2))
-    assert rollout_matches_actor(actor, gen) < 1e-4
+    assert max_log_prob_gap(actor, gen) < 1e-4
     batch = add_training_fields(gen, actor)
     torch.testing.assert_close(batch.batch["ref_log_prob"], batch.batch["old_log_probs"])
     out = actor.update_actor(batch)
@@ -130,7 +79,7 @@ def test_colocated_update_syncs_rollout_and_keeps_ref(env: dict[str, Any]) -> No
     new_old = actor.compute_log_prob(gen).batch["old_log_probs"]
     assert float((new_old - batch.batch["old_log_probs"]).abs().max()) > 1e-3
     torch.testing.assert_close(actor.compute_ref_log_prob(gen).batch["ref_log_prob"], batch.batch["ref_log_prob"])
-    assert rollout_matches_actor(actor, actor.generate_sequences(make_prompts(env["model_dir"], 2))) < 1e-4
+    assert max_log_prob_gap(actor, actor.generate_sequences(make_prompts(env["model_dir"], 2))) < 1e-4
 
 
 def test_split_rollout_gets_weights_through_object_store(env: dict[str, Any]) -> None:
@@ -139,16 +88,16 @@ def test_split_rollout_gets_weights_through_object_store(env: dict[str, Any]) ->
     # the actor was updated in the previous test (or here), so the split rollout is stale until synced
     batch = add_training_fields(actor.generate_sequences(prompts.repeat(2)), actor)
     actor.update_actor(batch)
-    assert rollout_matches_actor(actor, rollout.generate_sequences(prompts)) > 1e-3
+    assert max_log_prob_gap(actor, rollout.generate_sequences(prompts)) > 1e-3
     sync_weights(actor, rollout)
-    assert rollout_matches_actor(actor, rollout.generate_sequences(prompts)) < 1e-4
+    assert max_log_prob_gap(actor, rollout.generate_sequences(prompts)) < 1e-4
 
 
 def test_critic_values_and_update(env: dict[str, Any]) -> None:
     actor, critic = env["actor"], env["critic"]
     gen = actor.generate_sequences(make_prompts(env["model_dir"], 2))
     values = critic.compute_values(gen).batch["values"]
-    assert values.shape == (8, RESP)
+    assert values.shape == (8, RESPONSE_LENGTH)
     assert bool((values[gen.batch["response_mask"] == 0] == 0).all())
     returns = gen.batch["response_mask"].float()
     batch = gen.union(DataProto.from_dict(tensors={"values": values, "returns": returns}))
@@ -171,7 +120,7 @@ def test_checkpoint_roundtrip_is_world_size_independent(env: dict[str, Any], tmp
     actor.load_checkpoint(ckpt)
     torch.testing.assert_close(actor.compute_log_prob(gen).batch["old_log_probs"], before)
     # the colocated rollout was refreshed from the restored weights too
-    assert rollout_matches_actor(actor, actor.generate_sequences(make_prompts(env["model_dir"], 2))) < 1e-4
+    assert max_log_prob_gap(actor, actor.generate_sequences(make_prompts(env["model_dir"], 2))) < 1e-4
     # the file written by 2 ranks loads into a single unsharded HF model
     model = AutoModelForCausalLM.from_pretrained(env["model_dir"])
     model.load_state_dict(torch.load(Path(ckpt) / "model.pt", weights_only=False))
