@@ -376,18 +376,29 @@ def test_non_mapping_input_is_rejected() -> None:
 
 
 def test_validate_for_run_requires_model_and_data() -> None:
-    """A run needs a model path and training files; a reward model is refused (not implemented)."""
+    """A run needs a model path and training files; an enabled reward model needs its path too."""
     cfg = load_config(None, ["reward_model.enable=true"])
     with pytest.raises(ConfigError) as info:
         cfg.validate_for_run()
     assert [p.split(":")[0] for p in info.value.problems] == [
         "actor_rollout_ref.model.path",
         "data.train_files",
-        "reward_model.enable",
+        "reward_model.model.path",
     ]
+    assert "required when reward_model.enable is true" in info.value.problems[2]
     ok = load_config(None, ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet"])
     ok.validate_for_run()
     check_runnable(ok)
+    with_rm = load_config(
+        None,
+        [
+            "actor_rollout_ref.model.path=/m",
+            "data.train_files=/d/train.parquet",
+            "reward_model.enable=true",
+            "reward_model.model.path=/rm",
+        ],
+    )
+    with_rm.validate_for_run()
     with pytest.raises(ConfigError):
         check_runnable(cfg)
 

@@ -16,7 +16,7 @@ ROLLOUT = "actor_rollout_ref.rollout"
 def check(cfg: HybridFlowConfig) -> list[str]:
     """Every cross-field problem of a config (empty when consistent)."""
     problems: list[str] = []
-    for rule in (_cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _trainer):
+    for rule in (_cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _reward_model, _trainer):
         problems.extend(rule(cfg))
     return problems
 
@@ -37,10 +37,11 @@ def check_runnable(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.mode: async (verl's server-based agent-loop rollout) is not implemented in HybridFlow; "
             "set it to sync (batched generation in the rollout workers, the same samples for single-turn tasks)"
         )
-    if cfg.reward_model.enable:
+    if cfg.reward_model.enable and not cfg.reward_model.model.path:
         problems.append(
-            "reward_model.enable: model-based reward scoring is not implemented in HybridFlow yet; set it to false "
-            "and score with a built-in rule (by data_source) or your function (custom_reward_function.path/.name)"
+            "reward_model.model.path: required when reward_model.enable is true; set it to a reward model folder or "
+            "hub id (a sequence- or token-classification checkpoint with one label), or set reward_model.enable=false "
+            "to score with rules or custom_reward_function"
         )
     return problems
 
@@ -243,6 +244,31 @@ def _lengths(cfg: HybridFlowConfig) -> list[str]:
             f"reward_model.overlong_buffer.len: must be between 1 and the response length ({response}) when "
             f"the overlong buffer is enabled (got {buffer.len}); e.g. {max(1, response // 4)}"
         )
+    return out
+
+
+def _reward_model(cfg: HybridFlowConfig) -> list[str]:
+    """An enabled reward model gets what it reads: the prompt chats to re-render, a token budget that fits."""
+    rm = cfg.reward_model
+    if not rm.enable:
+        return []
+    out = []
+    if rm.model.input_tokenizer and not cfg.data.return_raw_chat:
+        out.append(
+            "data.return_raw_chat: reward_model.model.input_tokenizer is set, so each prompt's chat messages are "
+            "re-rendered with the reward model's template and must reach it; set data.return_raw_chat=true (or "
+            "input_tokenizer=null when the reward model shares the policy's tokenizer)"
+        )
+    if rm.use_dynamic_bsz:
+        budget = rm.forward_max_token_len_per_gpu or cfg.critic.ppo_max_token_len_per_gpu
+        longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+        if rm.model.input_tokenizer and rm.max_length:
+            longest = rm.max_length
+        if budget < longest:
+            out.append(
+                f"reward_model.forward_max_token_len_per_gpu: {budget} tokens cannot hold one reward-model input of "
+                f"up to {longest} tokens; raise it to at least {longest}"
+            )
     return out
 
 

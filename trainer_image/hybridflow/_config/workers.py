@@ -247,10 +247,15 @@ class RewardModelModelConfig(Section):
     """The reward model itself."""
 
     path: str | None = Field(
-        default=None, description="Sequence-classification model. Required when enabled."
+        default=None,
+        description="Reward model folder or hub id: a sequence- or token-classification checkpoint with one "
+        "label (its 'score' head). Required when reward_model.enable is true.",
     )
     input_tokenizer: str | None = Field(
-        default=None, description="Policy tokenizer to decode with before re-templating; null: same template."
+        default=None,
+        description="The policy's tokenizer: responses are decoded with it and re-rendered with the reward "
+        "model's chat template (needs data.return_raw_chat=true); null: the reward model reads the policy's "
+        "token ids as they are (same tokenizer).",
     )
     trust_remote_code: bool = Field(default=False, description="Allow the model's own Python code to run.")
     use_remove_padding: bool = Field(default=False, description="Pack sequences without padding tokens.")
@@ -272,19 +277,27 @@ class RewardModelConfig(Section):
 
     enable: bool = Field(
         default=False,
-        description="Score with a reward model: not implemented yet, refused before a run; rules or a function score.",
+        description="Score responses with a reward model (reward_model.model.path) instead of rules or a "
+        "function: its output at each response's last token is the reward.",
     )
     strategy: Strategy = Field(default="fsdp2", description=STRATEGY_DOC)
     model: RewardModelModelConfig = Field(
         default_factory=RewardModelModelConfig, description="The reward model."
     )
     micro_batch_size_per_gpu: int | None = Field(
-        default=None, gt=0, description="Responses per forward per rank."
+        default=None, gt=0, description="Responses per reward-model forward per rank; null: the whole share."
     )
-    max_length: int | None = Field(default=None, gt=0, description="Truncate reward-model inputs to this.")
-    use_dynamic_bsz: bool = Field(default=False, description="Pack by token count.")
+    max_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="With input_tokenizer: longest re-rendered input, longer ones lose their end (as in verl); "
+        "null: prompt + response length.",
+    )
+    use_dynamic_bsz: bool = Field(default=False, description="Pack reward-model micro-batches by token count.")
     forward_max_token_len_per_gpu: int | None = Field(
-        default=None, gt=0, description="Token budget per micro-batch with use_dynamic_bsz."
+        default=None,
+        gt=0,
+        description="Token budget per micro-batch with use_dynamic_bsz; null: critic.ppo_max_token_len_per_gpu.",
     )
     reward_manager: RewardManager = Field(default="naive", description="How scores are computed and batched.")
     launch_reward_fn_async: bool = Field(default=False, description="Score on CPU while log-probs run.")

@@ -46,15 +46,17 @@ def init_ray(cfg: HybridFlowConfig) -> None:
 
 
 def build_worker_groups(cfg: HybridFlowConfig) -> Any:
-    """Create the actor(+rollout+ref) group, a critic group for GAE, and a rollout group when split."""
+    """Create the actor(+rollout+ref) group, a critic group for GAE, a reward-model group when enabled,
+    and a rollout group when split; critic and reward model share the actor's slots (global pool)."""
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
     from hybridflow.trainer.ray_trainer import WorkerGroups
     from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+    from hybridflow.workers.reward_model_worker import RewardModelWorker
 
     nodes = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
     split = cfg.trainer.placement == "split"
     spec = {"global_pool": nodes, **({"rollout_pool": nodes} if split else {})}
-    mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool"}
+    mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool", "reward_model": "global_pool"}
     if split:
         mapping["rollout"] = "rollout_pool"
     on_gpu = cfg.trainer.device == "cuda"
@@ -63,7 +65,8 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
         mapping,
         use_gpu=on_gpu,
         cpus_per_process=1.0 if on_gpu else cpu_share(cfg),
-        max_colocate_count=2,
+        # Each colocated group takes 1 / max_colocate_count of a slot: the actor, the critic, the reward model.
+        max_colocate_count=max(2, 1 + int(cfg.critic_enabled) + int(cfg.reward_model.enable)),
     )
     actor_role = "actor_ref" if split else "actor_rollout_ref"
     actor = RayWorkerGroup(
@@ -88,7 +91,15 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
             name_prefix="critic",
         )
         critic.init_model()
-    return WorkerGroups(actor_rollout=actor, critic=critic, rollout=rollout)
+    reward_model = None
+    if cfg.reward_model.enable:
+        reward_model = RayWorkerGroup(
+            manager.get_resource_pool("reward_model"),
+            RayClassWithInitArgs(RewardModelWorker, config=cfg),
+            name_prefix="rm",
+        )
+        reward_model.init_model()
+    return WorkerGroups(actor_rollout=actor, critic=critic, rollout=rollout, reward_model=reward_model)
 
 
 def cpu_share(cfg: HybridFlowConfig) -> float:
@@ -107,8 +118,8 @@ def cpu_share(cfg: HybridFlowConfig) -> float:
 def cpu_threads(cfg: HybridFlowConfig) -> int:
     """torch threads of one CPU worker: its slot's whole cores (at least 1).
 
-    The actor and the critic colocated in a slot run their phases one after the other, so each may
-    use all of the slot's cores.
+    The actor, the critic and the reward model colocated in a slot run their phases one after the
+    other, so each may use all of the slot's cores.
     """
     return max(1, int(cpu_share(cfg)))
 
@@ -127,11 +138,16 @@ def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:
 
 
 def build_reward_fns(cfg: HybridFlowConfig, tokenizer: Any, data_sources: set[str]) -> tuple[Any, Any]:
-    """Reward managers for training and validation; fails now when a data source has no scorer."""
+    """Reward managers for training and validation; fails now when a data source has no scorer.
+
+    With a reward model every response is scored by it (the managers return its `rm_scores`), so data
+    sources need no rule scorer then.
+    """
     from hybridflow.rewards import RewardManager, check_reward_sources, load_custom_reward_fn_from_config
 
     custom = load_custom_reward_fn_from_config(cfg)
-    check_reward_sources(sorted(data_sources), custom)
+    if not cfg.reward_model.enable:
+        check_reward_sources(sorted(data_sources), custom)
     train_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom)
     val_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom, num_examine=1)
     return train_fn, val_fn

@@ -1,6 +1,6 @@
 """The single-controller RL loop: `RayPPOTrainer.fit()` reads like the algorithm, one phase per method.
 
-    generate -> reward -> old log-probs -> ref log-probs -> values -> advantages
+    generate -> reward model (when enabled) -> reward -> old log-probs -> ref log-probs -> values -> advantages
     -> critic update -> actor update (pushes weights to the rollout) -> log -> validate -> checkpoint
 
 The worker groups do the heavy lifting in Ray actors; this class only moves `DataProto` batches between
@@ -39,11 +39,12 @@ GEN_INPUT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
 @dataclass
 class WorkerGroups:
-    """The groups the loop drives: actor(+rollout+ref), optionally a critic and a split-off rollout."""
+    """The groups the loop drives: actor(+rollout+ref), optionally a critic, a reward model and a split-off rollout."""
 
     actor_rollout: Any
     critic: Any = None
     rollout: Any = None  # split placement only; None when the rollout lives in the actor's processes
+    reward_model: Any = None  # reward_model.enable only
 
     @property
     def world_size(self) -> int:
@@ -52,7 +53,7 @@ class WorkerGroups:
 
     def shutdown(self) -> None:
         """Kill every group's actors and free their placement groups (a later run in this Ray can start)."""
-        for group in (self.actor_rollout, self.critic, self.rollout):
+        for group in (self.actor_rollout, self.critic, self.rollout, self.reward_model):
             if group is not None:
                 group.shutdown()
                 group.resource_pool.release()
@@ -95,6 +96,7 @@ class RayPPOTrainer:
         self.log = log
         self.algo = config.algorithm
         self.use_critic = workers.critic is not None
+        self.use_rm = workers.reward_model is not None
         self.use_reference = self.algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
         self.kl_ctrl = get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
         self.recompute_old_log_prob = needs_old_log_prob_pass(config)
@@ -226,6 +228,9 @@ class RayPPOTrainer:
         batch = batch_ops.add_group_ids(self._next_batch())
         with timed("gen", timings):
             batch = self.generate(batch)
+        if self.use_rm:
+            with timed("rm", timings):
+                batch = self.compute_rm_scores(batch)
         with timed("reward", timings):
             extra = self.score(batch)
         return batch, extra
@@ -257,11 +262,20 @@ class RayPPOTrainer:
                 batch_keys=["responses", "prompts", "attention_mask"] + _present(greedy, ["response_mask"])
             )
         )
+        if self.use_rm:
+            greedy_rm = scored.union(greedy.select(batch_keys=["input_ids", "position_ids"]))
+            scored = scored.union(self.workers.reward_model.compute_rm_score(greedy_rm))
         result = self.reward_fn(scored, return_dict=True)
         return result["reward_tensor"].sum(-1)
 
+    def compute_rm_scores(self, batch: DataProto) -> DataProto:
+        """The reward model's `rm_scores` (b, R) joined to the batch; the reward manager then returns them."""
+        keys = ["input_ids", "attention_mask", "position_ids", "responses"] + _present(batch, ["response_mask"])
+        rm_input = batch.select(batch_keys=keys, non_tensor_batch_keys=_present(batch, ["raw_prompt"]))
+        return batch.union(self.workers.reward_model.compute_rm_score(rm_input))
+
     def score(self, batch: DataProto) -> dict[str, list[Any]]:
-        """Rule/custom reward into `token_level_scores` (and `token_level_rewards` when no KL is added)."""
+        """Reward-model, rule or custom scores into `token_level_scores` (and `token_level_rewards` without KL)."""
         result = self.reward_fn(batch, return_dict=True)
         batch.batch["token_level_scores"] = result["reward_tensor"]
         if not self.algo.use_kl_in_reward:
@@ -335,6 +349,8 @@ class RayPPOTrainer:
             for key in GEN_INPUT_KEYS:
                 batch.batch.pop(key)
             batch = batch.union(output)
+            if self.use_rm:
+                batch = self.compute_rm_scores(batch)
             seq_scores = self.val_reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1).tolist()
             for source, value in zip(batch.non_tensor_batch["data_source"], seq_scores, strict=True):
                 scores.setdefault(str(source), []).append(value)
