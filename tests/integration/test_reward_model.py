@@ -75,6 +75,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "token": save_reward_model(policy, root / "rm_token"),
         "tight": save_reward_model(policy, root / "rm_tight", template=TIGHT_TEMPLATE),
         "sequence": save_reward_model(policy, root / "rm_seq", kind="sequence"),
+        "constant": save_reward_model(policy, root / "rm_const", constant=CONSTANT),
     }
 
 
@@ -221,6 +222,62 @@ def test_re_rendered_inputs_with_the_same_tokenizer_score_like_the_direct_path(
 def test_a_causal_lm_is_refused_as_reward_model(models: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="no 'score' head .* point it at a reward model"):
         worker(models["policy"], models["policy"])
+
+
+def test_trainer_phase_scores_samples_and_the_remax_baseline_with_the_reward_model(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The trainer's generate-and-score phase in one process (workers called directly, no Ray): the
+    responses and ReMax's greedy baseline are both scored by the reward model, timed as timing_s/rm."""
+    from hybridflow.data import RLHFDataset
+    from hybridflow.data.dataset import collate_fn
+    from hybridflow.data.toy import write_parquet
+    from hybridflow.demo import build_copy_letter_rows
+    from hybridflow.rewards import RewardManager
+    from hybridflow.trainer.ray_trainer import RayPPOTrainer, WorkerGroups
+    from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker
+
+    write_parquet(build_copy_letter_rows(4, "train"), str(tmp_path / "train.parquet"))
+    tok = build_toy_tokenizer()
+    dataset = RLHFDataset(str(tmp_path / "train.parquet"), tok, max_prompt_length=16, return_raw_chat=True)
+    batch = collate_fn([dataset[i] for i in range(4)])
+    cfg = load_config(
+        None,
+        [
+            f"actor_rollout_ref.model.path={models['policy']}",
+            f"data.train_files={tmp_path / 'train.parquet'}",
+            "data.max_prompt_length=16",
+            "data.max_response_length=3",
+            "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.rollout.name=hf",
+            "actor_rollout_ref.rollout.n=2",
+            "algorithm.adv_estimator=remax",
+            "trainer.device=cpu",
+            "trainer.n_gpus_per_node=1",
+            "trainer.total_training_steps=1",
+            "reward_model.enable=true",
+            f"reward_model.model.path={models['constant']}",
+            f"reward_model.model.input_tokenizer={models['policy']}",
+            "data.return_raw_chat=true",
+        ],
+    )
+    rollout = ActorRolloutRefWorker(cfg, role="rollout")
+    rollout.init_model()
+    rm = RewardModelWorker(cfg)
+    rm.init_model()
+    trainer = RayPPOTrainer(
+        cfg, tok, WorkerGroups(actor_rollout=rollout, reward_model=rm), [batch], RewardManager(tok)
+    )
+    timings: dict[str, float] = {}
+    scored, _ = trainer._generate_and_score(timings)
+    assert timings["rm"] > 0 and len(scored) == 8
+    lengths = scored.batch["response_mask"].sum(-1)
+    assert torch.allclose(scored.batch["token_level_scores"].sum(-1), torch.full((8,), CONSTANT))
+    assert torch.equal(
+        scored.batch["token_level_scores"] != 0, torch.nn.functional.one_hot(lengths - 1, 3).bool()
+    )
+    assert torch.allclose(scored.batch["reward_baselines"], torch.full((8,), CONSTANT))
 
 
 # ---- through the trainer: 2 CPU workers, GRPO, 2 steps ------------------------------------------------
