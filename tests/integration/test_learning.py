@@ -6,15 +6,14 @@ learning from the JSONL metrics the file logger writes (what the operator and us
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hybridflow.demo import EXAMPLE, prepare
-from hybridflow.trainer import main_ppo
+from hybridflow.demo import EXAMPLE
+from tests.support.demo_run import mean, run_demo
+from tests.support.ray_local import local_ray
 
 PPO_EXAMPLE = EXAMPLE.parent / "tiny_ppo.yaml"
 
@@ -23,35 +22,12 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session() -> Iterator[None]:
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(num_cpus=2):
         yield
-    finally:
-        ray.shutdown()
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The JSONL rows, one per logged step (step 0 = validation before training)."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def run(tmp_path: Path, *overrides: str) -> list[dict]:
-    """Train with the demo's config plus overrides; return the metrics rows."""
-    base = prepare(tmp_path)
-    args = [str(EXAMPLE), *(f"{k}={v}" for k, v in base.items()), "trainer.save_freq=-1", *overrides]
-    assert main_ppo.main(args) == 0
-    return read_metrics(Path(base["trainer.default_local_dir"]) / "metrics.jsonl")
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def test_grpo_learns_the_toy_task(tmp_path: Path) -> None:
-    rows = run(tmp_path, "trainer.total_training_steps=50", "trainer.test_freq=50")
+    rows = run_demo(tmp_path, "trainer.total_training_steps=50", "trainer.test_freq=50")
     train = [r["critic/score/mean"] for r in rows if "critic/score/mean" in r]
     assert len(train) == 50
     first, last = mean(train[:3]), mean(train[-5:])
@@ -74,15 +50,7 @@ def test_grpo_learns_the_toy_task(tmp_path: Path) -> None:
 
 def test_ppo_with_critic_learns_a_little(tmp_path: Path) -> None:
     """examples/tiny_ppo.yaml: GAE with a critic, one response per prompt."""
-    base = prepare(tmp_path)
-    args = [
-        str(PPO_EXAMPLE),
-        *(f"{k}={v}" for k, v in base.items()),
-        "trainer.save_freq=-1",
-        "trainer.test_freq=-1",
-    ]
-    assert main_ppo.main(args) == 0
-    train = read_metrics(Path(base["trainer.default_local_dir"]) / "metrics.jsonl")
+    train = run_demo(tmp_path, "trainer.test_freq=-1", example=PPO_EXAMPLE)
     assert len(train) == 30
     assert "critic/vf_loss" in train[-1] and "critic/values/mean" in train[-1]
     first, last = (

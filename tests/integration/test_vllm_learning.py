@@ -8,15 +8,13 @@ gets the actor's weights after every update.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hybridflow.demo import EXAMPLE, prepare
-from hybridflow.trainer import main_ppo
+from tests.support.demo_run import run_demo
+from tests.support.ray_local import local_ray
 
 pytestmark = [
     pytest.mark.ray,
@@ -31,31 +29,20 @@ STEPS = 50
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session() -> Iterator[None]:
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(num_cpus=2):
         yield
-    finally:
-        ray.shutdown()
 
 
 def test_grpo_learns_with_vllm_rollout(tmp_path: Path) -> None:
-    base = prepare(tmp_path)
-    args = [
-        str(EXAMPLE),
-        *(f"{k}={v}" for k, v in base.items()),
-        "trainer.save_freq=-1",
+    rows = run_demo(
+        tmp_path,
         f"trainer.total_training_steps={STEPS}",
         f"trainer.test_freq={STEPS}",
         "actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.dtype=float32",  # the tiny actor trains in fp32
         "actor_rollout_ref.rollout.enforce_eager=true",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
-    ]
-    assert main_ppo.main(args) == 0
-    rows = [json.loads(x) for x in (Path(base["trainer.default_local_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    )
     train = [r["critic/score/mean"] for r in rows if "critic/score/mean" in r]
     assert len(train) == STEPS
     first, last = sum(train[:3]) / 3, sum(train[-5:]) / 5
