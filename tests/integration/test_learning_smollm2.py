@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from hybridflow.demo import EXAMPLE
+from tests.support.ray_local import local_ray
 
 pytestmark = [
     pytest.mark.ray,
@@ -25,8 +25,6 @@ SMOLLM2_EXAMPLE = EXAMPLE.parent / "smollm2_grpo.yaml"
 
 
 def test_smollm2_two_grpo_steps(tmp_path: Path) -> None:
-    import ray
-
     from hybridflow import checkpoint as ck
     from hybridflow.data.toy import generate
     from hybridflow.models.convert_gguf import convert_gguf, find_smollm2_gguf
@@ -34,9 +32,7 @@ def test_smollm2_two_grpo_steps(tmp_path: Path) -> None:
 
     model = convert_gguf(find_smollm2_gguf(), tmp_path / "model")
     train, test = generate("arithmetic", 64, 8, str(tmp_path / "data"))
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(2):
         code = main_ppo.main(
             [
                 str(SMOLLM2_EXAMPLE),
@@ -54,8 +50,6 @@ def test_smollm2_two_grpo_steps(tmp_path: Path) -> None:
                 "data.max_response_length=4",
             ]
         )
-    finally:
-        ray.shutdown()
     assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -9,7 +9,6 @@ with `reward_model.enable=true` on 2 CPU workers: the reward is the reward model
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from hybridflow.engines.reward_model import positions_from_mask
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.protocol import DataProto
 from hybridflow.workers.reward_model_worker import RewardModelWorker
+from tests.support.ray_local import local_ray
 
 # The toy template without the newline after each turn: prompt rendered for generation + response + EOS
 # is then exactly what the template renders for the whole chat.
@@ -285,16 +285,10 @@ def test_trainer_phase_scores_samples_and_the_remax_baseline_with_the_reward_mod
 
 @pytest.fixture(scope="module")
 def ray_inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    import ray
-
     from hybridflow.demo import prepare
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(2):
         yield prepare(tmp_path_factory.mktemp("rm_run"))
-    finally:
-        ray.shutdown()
 
 
 @pytest.mark.ray

@@ -5,7 +5,6 @@ split placement. Learning itself is covered by test_learning.py; the estimators'
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 
 from hybridflow.demo import EXAMPLE, prepare
 from hybridflow.trainer import main_ppo
+from tests.support.ray_local import local_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -29,14 +29,8 @@ SMALL = [
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(2):
         yield prepare(tmp_path_factory.mktemp("algos"))
-    finally:
-        ray.shutdown()
 
 
 def train(inputs: dict[str, str], tmp_path: Path, *overrides: str) -> list[dict]:

@@ -22,6 +22,7 @@ from hybridflow import checkpoint as ck
 from hybridflow.data import StatefulDataLoader
 from hybridflow.demo import EXAMPLE, prepare
 from hybridflow.trainer import main_ppo
+from tests.support.ray_local import local_ray
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -42,12 +43,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 def ray_address() -> Iterator[str]:
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
+    with local_ray(2):
         yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
 
 
 def fast_args(base: dict[str, str], *extra: str) -> list[str]:

@@ -20,6 +20,7 @@ from hybridflow.controller import (
     register,
 )
 from hybridflow.protocol import DataProto
+from tests.support.ray_local import local_ray
 
 pytestmark = pytest.mark.ray
 
@@ -71,16 +72,14 @@ def group() -> Iterator[RayWorkerGroup]:
 
     # Test modules are not importable inside Ray workers: ship this module's classes by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    pool = RayResourcePool([2], cpus_per_process=1.0, max_colocate_count=2, name_prefix="test")
-    wg = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker, offset=100))
-    try:
-        yield wg
-    finally:
-        wg.shutdown()
-        pool.release()
-        ray.shutdown()
+    with local_ray(2):
+        pool = RayResourcePool([2], cpus_per_process=1.0, max_colocate_count=2, name_prefix="test")
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(EchoWorker, offset=100))
+        try:
+            yield wg
+        finally:
+            wg.shutdown()
+            pool.release()
 
 
 def test_ranks_and_rendezvous_env(group: RayWorkerGroup) -> None:
