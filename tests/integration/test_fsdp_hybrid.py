@@ -1,5 +1,6 @@
 """Hybrid sharding (fsdp_size < world size): 2 gloo ranks in groups of 1 replicate the model (HSDP's
-replicate dimension only) and still train exactly like one process on the whole batch."""
+replicate dimension only) and still train exactly like one process on the whole batch. Also the GPU
+policies (mixed precision, offload) handed to fully_shard, built without a GPU."""
 
 from __future__ import annotations
 
@@ -64,3 +65,17 @@ def test_a_group_size_that_does_not_divide_the_ranks_is_refused(model_dir: str) 
     engine.world_size, engine.device = 4, torch.device("cpu")
     with pytest.raises(ValueError, match="fsdp_size=3 does not divide the 4 ranks"):
         engine._shard(torch.nn.Linear(2, 2), {"fsdp_size": 3})
+
+
+def test_gpu_shard_policies_mixed_precision_and_offload_keys() -> None:
+    """Built without a GPU: the policies fully_shard gets on cuda, and none on CPU."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from hybridflow.engines.fsdp_engine import shard_policies
+
+    plain = shard_policies("cuda", {"mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32"}})
+    assert (plain["mp_policy"].param_dtype, plain["mp_policy"].reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert "offload_policy" not in plain
+    for key in ("offload_policy", "param_offload", "optimizer_offload"):  # verl's FSDP1 keys are served too
+        assert isinstance(shard_policies("cuda", {key: True})["offload_policy"], CPUOffloadPolicy)
+    assert shard_policies("cpu", {"param_offload": True, "mixed_precision": {"param_dtype": "bf16"}}) == {}

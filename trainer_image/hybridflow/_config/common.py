@@ -81,10 +81,17 @@ class MixedPrecision(Section):
 class FsdpConfig(Section):
     """Sharding and offload of one model (FSDP2 `fully_shard`, or FSDP1 when strategy=fsdp)."""
 
-    param_offload: bool = Field(default=False, description="Keep parameters on CPU between uses.")
-    optimizer_offload: bool = Field(default=False, description="Keep optimizer state on CPU between steps.")
+    param_offload: bool = Field(
+        default=False,
+        description="Keep parameters in host memory (GPU). Served by FSDP2's CPU offload policy, as offload_policy.",
+    )
+    optimizer_offload: bool = Field(
+        default=False,
+        description="Keep optimizer state in host memory (GPU). Served by FSDP2's CPU offload policy, as offload_policy.",
+    )
     offload_policy: bool = Field(
-        default=False, description="FSDP2 only: offload parameters, gradients and optimizer state to CPU."
+        default=False,
+        description="GPU: parameters, gradients and optimizer state in host memory; the optimizer steps on CPU.",
     )
     reshard_after_forward: bool = Field(
         default=True,
@@ -97,7 +104,7 @@ class FsdpConfig(Section):
     )
     model_dtype: Dtype = Field(default="fp32", description="Dtype the master weights are held in.")
     mixed_precision: MixedPrecision = Field(
-        default_factory=MixedPrecision, description="Compute and communication dtypes."
+        default_factory=MixedPrecision, description="Compute and gradient-reduction dtypes on GPU (on CPU the model computes in model_dtype)."
     )
     wrap_policy: WrapPolicy = Field(default_factory=WrapPolicy, description="Which submodules are sharded.")
 

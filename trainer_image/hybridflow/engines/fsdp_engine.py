@@ -105,6 +105,31 @@ def _layer_classes(model: nn.Module, wrap_names: list[str] | None) -> set[str]:
     return names
 
 
+def shard_policies(device_type: str, fsdp_config: Any) -> dict[str, Any]:
+    """`fully_shard` keyword arguments for mixed precision and CPU offload on a device type.
+
+    GPU: compute in `mixed_precision.param_dtype`, reduce gradients in `reduce_dtype`. Offload: FSDP2's
+    CPU offload policy (parameters, gradients and optimizer state live in host memory, copied to the
+    GPU layer by layer; the optimizer steps on the CPU) serves `offload_policy` and verl's FSDP1 keys
+    `param_offload` / `optimizer_offload` alike: it frees at least what they free, at the cost of
+    host-device copies. CPU: nothing to offload to, and the model computes in its own dtype.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
+
+    if device_type != "cuda":
+        return {}
+    mp = _get(fsdp_config, "mixed_precision", None)
+    out: dict[str, Any] = {
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=to_dtype(_get(mp, "param_dtype", "bf16")),
+            reduce_dtype=to_dtype(_get(mp, "reduce_dtype", "fp32")),
+        )
+    }
+    if any(_get(fsdp_config, key, False) for key in ("offload_policy", "param_offload", "optimizer_offload")):
+        out["offload_policy"] = CPUOffloadPolicy()
+    return out
+
+
 class FSDPEngine:
     """One model (actor, reference, critic) with optional optimizer, sharded when distributed."""
 
@@ -155,7 +180,7 @@ class FSDPEngine:
     # ------------------------------------------------------------------ sharding
     def _shard(self, module: nn.Module, fsdp_config: Any) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
         fsdp_size = int(_get(fsdp_config, "fsdp_size", -1))
         if fsdp_size < 0 or fsdp_size >= self.world_size:
@@ -174,16 +199,8 @@ class FSDPEngine:
         kwargs: dict[str, Any] = {
             "mesh": mesh,
             "reshard_after_forward": bool(_get(fsdp_config, "reshard_after_forward", True)),
+            **shard_policies(self.device.type, fsdp_config),
         }
-        if self.device.type == "cuda":
-            # Mixed precision on GPU only: compute in param_dtype, reduce gradients in reduce_dtype.
-            mp = _get(fsdp_config, "mixed_precision", None)
-            kwargs["mp_policy"] = MixedPrecisionPolicy(
-                param_dtype=to_dtype(_get(mp, "param_dtype", "bf16")),
-                reduce_dtype=to_dtype(_get(mp, "reduce_dtype", "fp32")),
-            )
-            if _get(fsdp_config, "offload_policy", False):
-                kwargs["offload_policy"] = CPUOffloadPolicy()
         wrap = _get(fsdp_config, "wrap_policy", None)
         layer_names = _layer_classes(module, _get(wrap, "transformer_layer_cls_to_wrap", None))
         for sub in module.modules():
