@@ -1,6 +1,8 @@
-"""What a run plans before it starts: CPU slots per worker and whether a step needs an old-log-prob pass."""
+"""What a run plans before it starts: CPU slots, the old-log-prob pass, checkpoint retention, config hooks."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +46,40 @@ def test_cpu_slots(cpus: int, gpus_per_node: int, placement: str, share: float, 
     )
     assert cpu_share(c) == share
     assert cpu_threads(c) == threads
+
+
+def test_retention_keeps_the_smaller_of_actor_and_critic_limits() -> None:
+    from hybridflow.trainer.ray_trainer import retained_steps
+
+    both = cfg("trainer.max_actor_ckpt_to_keep=3", "trainer.max_critic_ckpt_to_keep=2").trainer
+    assert retained_steps(both, with_critic=True) == 2
+    assert retained_steps(both, with_critic=False) == 3  # no critic saved: its limit does not apply
+    assert retained_steps(cfg("trainer.max_critic_ckpt_to_keep=1").trainer, with_critic=True) == 1
+    assert retained_steps(cfg().trainer, with_critic=True) is None  # keep all
+
+
+def test_hybrid_engine_false_is_refused() -> None:
+    from hybridflow.config import ConfigError
+
+    with pytest.raises(ConfigError, match="hybrid_engine: false is not supported .* trainer.placement=split"):
+        cfg("actor_rollout_ref.hybrid_engine=false")
+
+
+def test_external_lib_is_imported_and_a_missing_one_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from hybridflow.engines.fsdp_engine import import_external_lib
+
+    (tmp_path / "my_models_lib.py").write_text("import builtins\nbuiltins._my_models_lib_loaded = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import_external_lib("my_models_lib")
+    import builtins
+
+    assert getattr(builtins, "_my_models_lib_loaded", False)
+    del builtins._my_models_lib_loaded  # type: ignore[attr-defined]
+    sys.modules.pop("my_models_lib", None)
+    import_external_lib(None)  # unset: nothing to do
+    with pytest.raises(ImportError, match="model.external_lib='no_such_models_lib' cannot be imported"):
+        import_external_lib("no_such_models_lib")

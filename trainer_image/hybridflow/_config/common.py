@@ -63,7 +63,10 @@ class WrapPolicy(Section):
     """Which submodules FSDP shards as a unit."""
 
     min_num_params: int = Field(
-        default=0, ge=0, description="Wrap any submodule with at least this many parameters; 0 disables."
+        default=0,
+        ge=0,
+        description="FSDP1's size-based wrapping; accepted for verl compatibility, no effect: the FSDP2 engine "
+        "shards each decoder layer (transformer_layer_cls_to_wrap).",
     )
     transformer_layer_cls_to_wrap: list[str] | None = Field(
         default=None, description="Class names to wrap; null means the model's own decoder-layer class."
@@ -75,7 +78,10 @@ class MixedPrecision(Section):
 
     param_dtype: Dtype = Field(default="bf16", description="Dtype of parameters in forward/backward.")
     reduce_dtype: Dtype = Field(default="fp32", description="Dtype gradients are reduced in.")
-    buffer_dtype: Dtype = Field(default="fp32", description="Dtype of buffers.")
+    buffer_dtype: Dtype = Field(
+        default="fp32",
+        description="FSDP1's buffer dtype; accepted for verl compatibility, no effect: FSDP2 leaves buffers as loaded.",
+    )
 
 
 class FsdpConfig(Section):

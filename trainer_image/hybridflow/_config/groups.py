@@ -87,7 +87,11 @@ class DataConfig(Section):
     truncation: Literal["error", "left", "right", "middle"] = Field(
         default="error", description="What to do with a prompt over max_prompt_length: fail, or cut a side."
     )
-    dataloader_num_workers: int = Field(default=8, ge=0, description="Data-loading worker processes.")
+    dataloader_num_workers: int = Field(
+        default=8,
+        ge=0,
+        description="Accepted for verl compatibility, no effect: batches are read in the driver (tokenised once).",
+    )
 
     _to_list = field_validator("train_files", "val_files", mode="before")(_as_list)
 
@@ -182,7 +186,10 @@ class TrainerConfig(Section):
         default=None, gt=0, description="Keep only the newest N actor checkpoints; null keeps all."
     )
     max_critic_ckpt_to_keep: int | None = Field(
-        default=None, gt=0, description="Keep only the newest N critic checkpoints; null keeps all."
+        default=None,
+        gt=0,
+        description="Keep only the newest N critic checkpoints; null keeps all. A step folder holds actor and "
+        "critic together, so the smaller of this and max_actor_ckpt_to_keep applies to both.",
     )
     seed: int = Field(default=42, description="Seed of every worker's torch, numpy and Python RNGs.")
     placement: Literal["colocate", "split"] = Field(

@@ -63,6 +63,11 @@ def _cluster(cfg: HybridFlowConfig) -> list[str]:
         )
     if cfg.actor_rollout_ref.rollout.name == "hf" and tp != 1:
         out.append(f"{ROLLOUT}.tensor_model_parallel_size: the hf rollout does not shard; set it to 1")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        out.append(
+            "actor_rollout_ref.hybrid_engine: false is not supported (nor by verl); keep it true and use "
+            "trainer.placement=split for rollout workers of their own"
+        )
     world = cfg.world_size
     fsdp_configs = [
         (f"{ACTOR}.fsdp_config.fsdp_size", cfg.actor_rollout_ref.actor.fsdp_config),

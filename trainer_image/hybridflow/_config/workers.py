@@ -24,7 +24,11 @@ class ModelConfig(Section):
     )
     tokenizer_path: str | None = Field(default=None, description="Tokenizer location; null means path.")
     trust_remote_code: bool = Field(default=False, description="Allow the model's own Python code to run.")
-    use_remove_padding: bool = Field(default=False, description="Pack sequences without padding tokens.")
+    use_remove_padding: bool = Field(
+        default=False,
+        description="verl's sequence packing; accepted, no effect on results: padding common to a micro-batch "
+        "is trimmed instead.",
+    )
     enable_gradient_checkpointing: bool = Field(
         default=True, description="Recompute activations in backward to save memory."
     )
@@ -182,7 +186,9 @@ class ActorRolloutRefConfig(Section):
     """The policy model and the three roles built from it: actor, rollout, reference."""
 
     hybrid_engine: bool = Field(
-        default=True, description="Actor and rollout share one worker (verl's hybrid engine)."
+        default=True,
+        description="Actor and rollout share one worker (verl's hybrid engine); must stay true, as in verl: "
+        "separate rollout workers are trainer.placement=split.",
     )
     model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="PPO actor.")
@@ -198,7 +204,11 @@ class CriticModelConfig(Section):
         default=None, description="Tokenizer; null means the policy model's path."
     )
     trust_remote_code: bool = Field(default=False, description="Allow the model's own Python code to run.")
-    use_remove_padding: bool = Field(default=False, description="Pack sequences without padding tokens.")
+    use_remove_padding: bool = Field(
+        default=False,
+        description="verl's sequence packing; accepted, no effect on results: padding common to a micro-batch "
+        "is trimmed instead.",
+    )
     enable_gradient_checkpointing: bool = Field(
         default=True, description="Recompute activations in backward."
     )
@@ -258,7 +268,11 @@ class RewardModelModelConfig(Section):
         "token ids as they are (same tokenizer).",
     )
     trust_remote_code: bool = Field(default=False, description="Allow the model's own Python code to run.")
-    use_remove_padding: bool = Field(default=False, description="Pack sequences without padding tokens.")
+    use_remove_padding: bool = Field(
+        default=False,
+        description="verl's sequence packing; accepted, no effect on results: padding common to a micro-batch "
+        "is trimmed instead.",
+    )
     external_lib: str | None = Field(default=None, description="Module to import before loading.")
     fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig, description="Sharding and offload.")
 
@@ -300,7 +314,9 @@ class RewardModelConfig(Section):
         description="Token budget per micro-batch with use_dynamic_bsz; null: critic.ppo_max_token_len_per_gpu.",
     )
     reward_manager: RewardManager = Field(default="naive", description="How scores are computed and batched.")
-    launch_reward_fn_async: bool = Field(default=False, description="Score on CPU while log-probs run.")
+    launch_reward_fn_async: bool = Field(
+        default=False, description="Accepted for verl compatibility, no effect: scoring runs before log-probs."
+    )
     overlong_buffer: OverlongBuffer = Field(
         default_factory=OverlongBuffer, description="DAPO overlong shaping."
     )

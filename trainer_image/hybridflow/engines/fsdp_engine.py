@@ -67,6 +67,21 @@ def resolve_device(device: str) -> torch.device:
     raise ValueError(f"unknown trainer.device {device!r}; use cpu or cuda")
 
 
+def import_external_lib(name: str | None) -> None:
+    """Import `model.external_lib` (verl's hook: a module that registers custom model classes with HF)."""
+    if not name:
+        return
+    import importlib
+
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(
+            f"model.external_lib={name!r} cannot be imported ({exc}); install the package that provides it in "
+            "the trainer image (or on PYTHONPATH), or unset external_lib"
+        ) from exc
+
+
 def load_hf_model(
     path: str,
     kind: ModelKind = "causal_lm",
@@ -152,6 +167,7 @@ class FSDPEngine:
         self.grad_clip = grad_clip
         self.kind = kind
         torch.manual_seed(seed)  # same seed on every rank: new heads start identical everywhere
+        import_external_lib(_get(model_config, "external_lib", None))
         module = load_hf_model(
             model_path,
             kind=kind,

@@ -59,6 +59,14 @@ class WorkerGroups:
                 group.resource_pool.release()
 
 
+def retained_steps(trainer_cfg: Any, with_critic: bool) -> int | None:
+    """Checkpoints to keep: max_actor_ckpt_to_keep, or max_critic_ckpt_to_keep when a critic is saved
+    and that is smaller (a step folder holds both, so they are kept or removed together); None: all."""
+    limits = [trainer_cfg.max_actor_ckpt_to_keep, trainer_cfg.max_critic_ckpt_to_keep if with_critic else None]
+    kept = [n for n in limits if n is not None and n > 0]
+    return min(kept) if kept else None
+
+
 def needs_old_log_prob_pass(config: Any) -> bool:
     """Whether a step needs the actor's log-probs of the batch before its update (verl's old_log_prob).
 
@@ -382,7 +390,7 @@ class RayPPOTrainer:
         ck.commit_step(self.ckpt_root, self.global_step)
         if self.tracker is not None:
             self.tracker.checkpoint_saved(self.global_step, step_uri)  # progress record, Prometheus
-        ck.apply_retention(self.ckpt_root, self.config.trainer.max_actor_ckpt_to_keep, log=self.log)
+        ck.apply_retention(self.ckpt_root, retained_steps(self.config.trainer, self.use_critic), log=self.log)
         return step_uri
 
     def _resume(self) -> ck.TrainerState | None:

@@ -129,7 +129,10 @@ class ActorRolloutRefWorker(_DistributedWorker):
             self._sync_rollout()
 
     def _build_rollout(self, path: str) -> Any:
+        from hybridflow.engines.fsdp_engine import import_external_lib
         from hybridflow.rollout.registry import build_rollout_engine
+
+        import_external_lib(self.config.actor_rollout_ref.model.external_lib)  # a rollout-only worker too
 
         device = "cuda" if self.device == "cuda" else "cpu"
         return build_rollout_engine(self.config, model_path=path, device=device)

@@ -46,7 +46,11 @@ class RewardModelWorker(_DistributedWorker):
             path,
             kind="value",
             device=self.device,
-            model_config={"override_config": overrides, "trust_remote_code": rm.model.trust_remote_code},
+            model_config={
+                "override_config": overrides,
+                "trust_remote_code": rm.model.trust_remote_code,
+                "external_lib": rm.model.external_lib,
+            },
             fsdp_config=rm.model.fsdp_config,
             seed=self.config.trainer.seed,
         )
