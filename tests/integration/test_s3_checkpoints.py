@@ -20,16 +20,13 @@ import pytest
 
 from hybridflow import checkpoint as ck
 from hybridflow import storage
-from tests.support.s3 import MotoServer, TcpProxy, make_bucket, s3_env
+from tests.support.s3 import MotoServer, TcpProxy, make_bucket, moto_s3, s3_env
 
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoServer]:
-    server = MotoServer().start()
-    try:
+    with moto_s3() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

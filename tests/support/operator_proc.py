@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from .kube_emulator import KubeEmulator
+from .server_process import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -28,13 +28,6 @@ def wait_for(check: Callable[[], T], what: str, timeout: float = 20.0) -> T:
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Operator:
