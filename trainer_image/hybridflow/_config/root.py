@@ -112,6 +112,7 @@ def _fill_derived(cfg: HybridFlowConfig) -> None:
     _default(critic.model, "tokenizer_path", arr.model.path)
     for name in ("ppo_mini_batch_size", "use_dynamic_bsz", "ppo_epochs", "shuffle", "loss_agg_mode"):
         _default(critic, name, getattr(actor, name))
+    _default(cfg.reward_model, "forward_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu)
 
 
 def _default(section: Section, name: str, value: Any) -> None:

@@ -265,7 +265,7 @@ def _reward_model(cfg: HybridFlowConfig) -> list[str]:
             "input_tokenizer=null when the reward model shares the policy's tokenizer)"
         )
     if rm.use_dynamic_bsz:
-        budget = rm.forward_max_token_len_per_gpu or cfg.critic.ppo_max_token_len_per_gpu
+        budget = rm.forward_max_token_len_per_gpu
         longest = cfg.data.max_prompt_length + cfg.data.max_response_length
         if rm.model.input_tokenizer and rm.max_length:
             longest = rm.max_length

@@ -54,13 +54,12 @@ def per_rank(total: int, world_size: int, what: str) -> int:
     return total // world_size
 
 
-def token_budget(dynamic: bool | None, budget: int | None, default_dynamic: bool, default_budget: int) -> int | None:
-    """A role's micro-batch token budget (verl's *_use_dynamic_bsz + *_max_token_len_per_gpu), or None.
+def log_prob_budget(role: Any) -> int | None:
+    """The token budget of a role's log-prob micro-batches (rollout or ref), or None for fixed-size ones.
 
-    Null settings fall back to the actor's (`actor.use_dynamic_bsz`, `actor.ppo_max_token_len_per_gpu`).
+    The config has already filled null settings from the actor's (see `hybridflow.config`).
     """
-    on = default_dynamic if dynamic is None else dynamic
-    return (budget or default_budget) if on else None
+    return role.log_prob_max_token_len_per_gpu if role.log_prob_use_dynamic_bsz else None
 
 
 class _DistributedWorker(Worker):
@@ -166,15 +165,12 @@ class ActorRolloutRefWorker(_DistributedWorker):
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob on a worker with role {self.role!r}, which has no actor")
         self._temperature(data)
-        arr = self.config.actor_rollout_ref
-        budget = token_budget(
-            arr.rollout.log_prob_use_dynamic_bsz,
-            arr.rollout.log_prob_max_token_len_per_gpu,
-            arr.actor.use_dynamic_bsz,
-            arr.actor.ppo_max_token_len_per_gpu,
-        )
+        rollout = self.config.actor_rollout_ref.rollout
         log_probs, entropys = self.actor.compute_log_prob(
-            data, arr.rollout.log_prob_micro_batch_size_per_gpu, calculate_entropy=True, max_token_len=budget
+            data,
+            rollout.log_prob_micro_batch_size_per_gpu,
+            calculate_entropy=True,
+            max_token_len=log_prob_budget(rollout),
         )
         return DataProto.from_dict(
             tensors={"old_log_probs": log_probs, "entropys": entropys},
@@ -187,14 +183,10 @@ class ActorRolloutRefWorker(_DistributedWorker):
         if self.ref is None:
             raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r}, which has no ref")
         self._temperature(data)
-        arr = self.config.actor_rollout_ref
-        budget = token_budget(
-            arr.ref.log_prob_use_dynamic_bsz,
-            arr.ref.log_prob_max_token_len_per_gpu,
-            arr.actor.use_dynamic_bsz,
-            arr.actor.ppo_max_token_len_per_gpu,
+        ref = self.config.actor_rollout_ref.ref
+        log_probs, _ = self.ref.compute_log_prob(
+            data, ref.log_prob_micro_batch_size_per_gpu, max_token_len=log_prob_budget(ref)
         )
-        log_probs, _ = self.ref.compute_log_prob(data, arr.ref.log_prob_micro_batch_size_per_gpu, max_token_len=budget)
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -247,17 +239,6 @@ class CriticWorker(_DistributedWorker):
         super().__init__(config)
         self.critic: PPOCritic | None = None
 
-    def _settings(self) -> dict[str, Any]:
-        """The critic's effective batch settings (null fields fall back to the actor's, as in verl)."""
-        c, a = self.config.critic, self.config.actor_rollout_ref.actor
-        return {
-            "loss_agg_mode": c.loss_agg_mode or a.loss_agg_mode,
-            "ppo_epochs": c.ppo_epochs or a.ppo_epochs,
-            "shuffle": a.shuffle if c.shuffle is None else c.shuffle,
-            "cliprange_value": c.cliprange_value,
-            "ppo_mini_batch_size": c.ppo_mini_batch_size or a.ppo_mini_batch_size,
-        }
-
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Build the value model (from critic.model.path, else the policy's) and its optimizer."""
@@ -278,11 +259,12 @@ class CriticWorker(_DistributedWorker):
             grad_clip=c.grad_clip,
             seed=self.config.trainer.seed,
         )
-        self.critic = PPOCritic(engine, self._settings(), seed=self.config.trainer.seed)
+        # null critic settings (loss_agg_mode, ppo_epochs, shuffle, ...) were filled from the actor's by the config
+        self.critic = PPOCritic(engine, c, seed=self.config.trainer.seed)
 
     def _token_budget(self) -> int | None:
-        c, a = self.config.critic, self.config.actor_rollout_ref.actor
-        return token_budget(c.use_dynamic_bsz, c.ppo_max_token_len_per_gpu, a.use_dynamic_bsz, c.ppo_max_token_len_per_gpu)
+        c = self.config.critic
+        return c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None
 
     def _require(self) -> PPOCritic:
         if self.critic is None:
@@ -300,9 +282,9 @@ class CriticWorker(_DistributedWorker):
     @register(Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss update on this rank's rows; metrics in meta_info."""
-        s = self._settings()
         n = self.config.actor_rollout_ref.rollout.n
-        mini = per_rank(s["ppo_mini_batch_size"] * n, self.world_size, "critic.ppo_mini_batch_size x rollout.n")
+        mini_prompts = self.config.critic.ppo_mini_batch_size
+        mini = per_rank(mini_prompts * n, self.world_size, "critic.ppo_mini_batch_size x rollout.n")
         metrics = self._require().update_critic(
             data, mini, self.config.critic.ppo_micro_batch_size_per_gpu, max_token_len=self._token_budget()
         )

@@ -86,7 +86,7 @@ class RewardModelWorker(_DistributedWorker):
         rm = self.config.reward_model
         if not rm.use_dynamic_bsz:
             return None
-        return rm.forward_max_token_len_per_gpu or self.config.critic.ppo_max_token_len_per_gpu
+        return rm.forward_max_token_len_per_gpu  # null in the config means the critic's (filled there)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:
