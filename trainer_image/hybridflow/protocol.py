@@ -607,6 +607,14 @@ class DataProto:
         )
 
 
+def response_mask_of(data: DataProto) -> torch.Tensor:
+    """The (b, R) mask of valid response tokens: `response_mask`, or the response part of `attention_mask`."""
+    if "response_mask" in data.batch:
+        return data.batch["response_mask"]
+    response_length = data.batch["responses"].shape[-1]
+    return data.batch["attention_mask"][:, -response_length:]
+
+
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
     """Pad ``data`` to a multiple of ``size_divisor`` rows by repeating rows from the start.
 

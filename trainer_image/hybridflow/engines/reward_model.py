@@ -25,7 +25,8 @@ import torch
 
 from hybridflow.engines.batching import plan_micro_batches
 from hybridflow.engines.fsdp_engine import FSDPEngine
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, response_mask_of
+from hybridflow.rewards.manager import place_scores
 
 logger = logging.getLogger(__name__)
 
@@ -33,12 +34,8 @@ DIRECT_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def valid_response_lengths(data: DataProto) -> torch.Tensor:
-    """Valid (right-padded) tokens per response, from `response_mask` or the response part of `attention_mask`."""
-    batch = data.batch
-    if "response_mask" in batch:
-        return batch["response_mask"].sum(-1).long()
-    width = batch["responses"].shape[-1]
-    return batch["attention_mask"][:, -width:].sum(-1).long()
+    """Valid (right-padded) tokens per response."""
+    return response_mask_of(data).sum(-1).long()
 
 
 def last_valid_index(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -46,14 +43,6 @@ def last_valid_index(attention_mask: torch.Tensor) -> torch.Tensor:
     width = attention_mask.shape[-1]
     flipped = attention_mask.flip(-1).bool().long()
     return torch.where(flipped.any(-1), width - 1 - flipped.argmax(-1), torch.zeros_like(flipped[:, 0]))
-
-
-def place_scores(scores: torch.Tensor, response_lengths: torch.Tensor, response_width: int) -> torch.Tensor:
-    """`rm_scores` (b, R): each score at its response's last valid position; an empty response gets none."""
-    out = torch.zeros(len(scores), response_width, dtype=torch.float32)
-    rows = torch.nonzero(response_lengths > 0).flatten()
-    out[rows, response_lengths[rows] - 1] = scores[rows].float()
-    return out
 
 
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

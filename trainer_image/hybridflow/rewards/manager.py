@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from hybridflow.protocol import response_mask_of
 from hybridflow.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,18 @@ def overlong_penalty(
     expected = max_response_length - buffer_length
     exceed = response_length - expected
     return min(-exceed / buffer_length * factor, 0.0)
+
+
+def place_scores(scores: torch.Tensor, response_lengths: torch.Tensor, response_width: int) -> torch.Tensor:
+    """Token-level rewards (b, R): each sequence's score on its response's last valid token, 0 elsewhere.
+
+    An empty response gets no score. Rule scores and reward-model scores are placed the same way, so
+    KL-in-reward and every advantage estimator read them alike.
+    """
+    out = torch.zeros(len(scores), response_width, dtype=torch.float32)
+    rows = torch.nonzero(response_lengths > 0).flatten()
+    out[rows, response_lengths[rows] - 1] = scores[rows].float()
+    return out
 
 
 class RewardManager:
@@ -121,30 +134,23 @@ class RewardManager:
                 "RewardManager needs a tokenizer to decode responses: pass it to __init__ or the call."
             )
         responses = batch["responses"]
-        valid_lengths = self._valid_response_lengths(batch)
+        valid_lengths = response_mask_of(data).sum(dim=-1)
         texts = tokenizer.batch_decode(
             [responses[i, : int(n)].tolist() for i, n in enumerate(valid_lengths)], skip_special_tokens=True
         )
-        reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
         raw = self._raw_scores(data, texts)
         results = [self._shape(raw[i], int(valid_lengths[i]), data, i) for i in range(len(texts))]
+        reward_tensor = place_scores(
+            torch.tensor([float(reward) for reward, _ in results]), valid_lengths.long(), responses.shape[-1]
+        )
         extra: dict[str, list[Any]] = defaultdict(lambda: [None] * len(results))
-        for i, (reward, info) in enumerate(results):
-            if valid_lengths[i] > 0:
-                reward_tensor[i, int(valid_lengths[i]) - 1] = reward
+        for i, (_, info) in enumerate(results):
             for key, value in info.items():
                 extra[key][i] = value
         self._log_examples(data, texts, results)
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": dict(extra)}
         return reward_tensor
-
-    def _valid_response_lengths(self, batch: Any) -> torch.Tensor:
-        """Number of valid (right-padded) tokens per response, from ``response_mask`` or ``attention_mask``."""
-        if "response_mask" in batch.keys():
-            return batch["response_mask"].sum(dim=-1)
-        response_len = batch["responses"].shape[-1]
-        return batch["attention_mask"][:, -response_len:].sum(dim=-1)
 
     def _raw_scores(self, data: Any, texts: list[str]) -> list[Any]:
         """What the scoring function returns for each response (one call per sample, or one per batch)."""

@@ -13,21 +13,13 @@ import numpy as np
 import torch
 
 from hybridflow.algorithms import get_adv_estimator_fn, kl_penalty, masked_mean
-from hybridflow.protocol import DataProto
+from hybridflow.protocol import DataProto, response_mask_of
 
 
 def add_group_ids(batch: DataProto) -> DataProto:
     """Give every prompt a fresh `uid`; its n samples keep it after `repeat` (GRPO-style grouping)."""
     batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
     return batch
-
-
-def response_mask_of(batch: DataProto) -> torch.Tensor:
-    """Return `response_mask`, deriving it from the response part of `attention_mask` when missing."""
-    if "response_mask" in batch.batch:
-        return batch.batch["response_mask"]
-    response_length = batch.batch["responses"].shape[-1]
-    return batch.batch["attention_mask"][:, -response_length:]
 
 
 def apply_kl_in_reward(batch: DataProto, kl_ctrl: Any, kl_penalty_type: str) -> dict[str, float]:
