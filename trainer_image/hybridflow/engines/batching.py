@@ -91,6 +91,11 @@ def shuffled(data: DataProto, seed: int) -> DataProto:
     return data.select_idxs(torch.randperm(len(data), generator=gen))
 
 
+def reduce_metric(name: str, values: list[float]) -> float:
+    """One value for a metric recorded several times (micro-batches, ranks): the max of `*_max`, else the mean."""
+    return max(values) if name.endswith("_max") else sum(values) / len(values)
+
+
 class MetricAccumulator:
     """Collects per-micro-batch metric values and reports their means (maxima for names ending `_max`)."""
 
@@ -104,4 +109,4 @@ class MetricAccumulator:
 
     def means(self) -> dict[str, float]:
         """The mean of every metric recorded so far (the maximum of a `*_max` metric)."""
-        return {name: max(v) if name.endswith("_max") else sum(v) / len(v) for name, v in self._values.items() if v}
+        return {name: reduce_metric(name, v) for name, v in self._values.items() if v}

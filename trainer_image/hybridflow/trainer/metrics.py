@@ -8,6 +8,7 @@ from contextlib import contextmanager
 
 import torch
 
+from hybridflow.engines.batching import reduce_metric
 from hybridflow.protocol import DataProto
 
 
@@ -85,7 +86,7 @@ def reduce_worker_metrics(metrics: dict[str, object]) -> dict[str, float]:
         if isinstance(value, list | tuple):
             numbers = [float(v) for v in value]
             if numbers:
-                out[key] = max(numbers) if key.endswith("_max") else sum(numbers) / len(numbers)
+                out[key] = reduce_metric(key, numbers)
         elif isinstance(value, int | float) or hasattr(value, "item"):
             out[key] = float(value)  # type: ignore[arg-type]
     return out
