@@ -76,7 +76,7 @@ def train_once(engine: FSDPEngine, batch: DataProto, micro: int) -> dict[str, An
     return {"log_probs": log_probs, "entropy": entropy, "metrics": metrics, "state": engine.full_state_dict()}
 
 
-def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, fsdp_config: dict | None = None) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -84,15 +84,28 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> No
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         cfg = actor_config()
-        engine = FSDPEngine(model_dir, optim_config=cfg.optim, grad_clip=cfg.grad_clip)
+        engine = FSDPEngine(model_dir, optim_config=cfg.optim, grad_clip=cfg.grad_clip, fsdp_config=fsdp_config)
         batch = make_batch(engine.hf_config.vocab_size).chunk(world)[rank]
         result = train_once(engine, batch, micro=len(batch))
-        sharded = [n for n, p in engine.module.named_parameters() if hasattr(p, "to_local")]
+        sharded = [p for p in engine.module.parameters() if hasattr(p, "to_local")]
         result["n_sharded"] = len(sharded)
+        result["mesh"] = tuple(sharded[0].device_mesh.mesh_dim_names) if sharded else ()
         result["local_numel"] = sum(p.to_local().numel() for p in engine.module.parameters())
         torch.save(result, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def run_two_ranks(model_dir: str, out: Path, fsdp_config: dict | None = None) -> list[dict[str, Any]]:
+    """`train_once` on 2 gloo ranks (each on its half of the batch); their results."""
+    mp.start_processes(
+        _rank_main,
+        args=(2, find_free_port(), model_dir, str(out), fsdp_config),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +127,7 @@ def single(model_dir: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def two_ranks(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("ranks")
-    mp.start_processes(
-        _rank_main, args=(2, find_free_port(), model_dir, str(out)), nprocs=2, join=True, start_method="spawn"
-    )
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return run_two_ranks(model_dir, tmp_path_factory.mktemp("ranks"))
 
 
 def test_log_probs_match_plain_hf_forward(model_dir: str, single: dict[str, Any]) -> None:

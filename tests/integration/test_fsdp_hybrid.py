@@ -4,46 +4,20 @@ policies (mixed precision, offload) handed to fully_shard, built without a GPU."
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from hybridflow.controller.worker import find_free_port
 from hybridflow.engines.fsdp_engine import FSDPEngine
-from tests.integration.test_fsdp_engine import actor_config, make_batch, model_dir, single, train_once
+from tests.integration.test_fsdp_engine import model_dir, run_two_ranks, single
 
 __all__ = ["model_dir", "single"]  # module-scoped fixtures shared with test_fsdp_engine
 
 
-def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        cfg = actor_config()
-        engine = FSDPEngine(model_dir, optim_config=cfg.optim, grad_clip=cfg.grad_clip, fsdp_config={"fsdp_size": 1})
-        batch = make_batch(engine.hf_config.vocab_size).chunk(world)[rank]
-        result = train_once(engine, batch, micro=len(batch))
-        result["mesh"] = [tuple(p.device_mesh.mesh_dim_names) for p in engine.module.parameters()][0]
-        result["local_numel"] = sum(p.to_local().numel() for p in engine.module.parameters())
-        torch.save(result, Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def replicated(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    out = tmp_path_factory.mktemp("hsdp")
-    mp.start_processes(
-        _rank_main, args=(2, find_free_port(), model_dir, str(out)), nprocs=2, join=True, start_method="spawn"
-    )
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return run_two_ranks(model_dir, tmp_path_factory.mktemp("hsdp"), fsdp_config={"fsdp_size": 1})
 
 
 def test_groups_of_one_replicate_every_weight(replicated: list[dict[str, Any]], single: dict[str, Any]) -> None:

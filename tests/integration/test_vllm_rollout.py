@@ -95,9 +95,12 @@ def test_generate_contract_and_logprobs_match_hf(setup: dict[str, Any]) -> None:
     assert torch.equal((b["responses"] * b["response_mask"])[:, :n], hf * b["response_mask"][:, :n])
 
 
-def test_weight_sync_changes_outputs_and_matches_new_weights(setup: dict[str, Any]) -> None:
-    engine, tok = setup["engine"], setup["tok"]
-    prompts = make_prompts(tok, ["12+3=", "4+4="])
+def sync_to_m1_and_check(engine: Any, setup: dict[str, Any]) -> tuple[Any, Any]:
+    """Push m1's weights into an engine serving m0: greedy outputs change, log-probs follow m1.
+
+    Returns the prompts and m0's greedy output (before the push).
+    """
+    prompts = make_prompts(setup["tok"], ["12+3=", "4+4="])
     before = engine.generate(prompts, do_sample=False)
     engine.load_weights(setup["m1"].state_dict().items())
     after = engine.generate(prompts, do_sample=False)
@@ -105,6 +108,12 @@ def test_weight_sync_changes_outputs_and_matches_new_weights(setup: dict[str, An
     torch.testing.assert_close(
         after.batch["rollout_log_probs"], hf_log_probs(setup["m1"], after), atol=LOGPROB_ATOL, rtol=0
     )
+    return prompts, before
+
+
+def test_weight_sync_changes_outputs_and_matches_new_weights(setup: dict[str, Any]) -> None:
+    engine = setup["engine"]
+    prompts, before = sync_to_m1_and_check(engine, setup)
     # and back: a second sync restores the first model's greedy output exactly (no stale prefix cache)
     engine.load_weights(setup["m0"].state_dict().items())
     again = engine.generate(prompts, do_sample=False)
@@ -141,13 +150,6 @@ def test_multiprocess_engine_syncs_through_the_worker_extension(
     engine = VLLMRollout(str(tmp_path / "m0"), config=cfg, device="cpu", response_length=RESP)
     assert not engine.in_process
     try:
-        prompts = make_prompts(setup["tok"], ["12+3=", "4+4="])
-        before = engine.generate(prompts, do_sample=False)
-        engine.load_weights(setup["m1"].state_dict().items())
-        after = engine.generate(prompts, do_sample=False)
-        assert not torch.equal(before.batch["responses"], after.batch["responses"])
-        torch.testing.assert_close(
-            after.batch["rollout_log_probs"], hf_log_probs(setup["m1"], after), atol=LOGPROB_ATOL, rtol=0
-        )
+        sync_to_m1_and_check(engine, setup)
     finally:
         engine.llm.llm_engine.engine_core.shutdown()
