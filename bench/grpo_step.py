@@ -77,7 +77,7 @@ def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.rollout.dtype={args.rollout_dtype}",
         "actor_rollout_ref.rollout.enforce_eager=true",
-        f"trainer.n_gpus_per_node={args.workers}",  # CPU: worker processes sharing the cores (main_ppo.cpu_share)
+        f"trainer.n_gpus_per_node={args.workers}",  # CPU: worker processes sharing the cores (workers.cpu_slots)
         f"trainer.total_training_steps={args.steps}",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import load_config
-from hybridflow.trainer.main_ppo import cpu_share, cpu_threads
 from hybridflow.trainer.ray_trainer import needs_old_log_prob_pass
+from hybridflow.workers.cpu_slots import cpu_share, cpu_threads
 
 
 def cfg(*overrides: str):  # noqa: ANN201 - the config model

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridflow.config import ConfigError, HybridFlowConfig, load_config
+from hybridflow.workers.cpu_slots import cpu_share
 
 
 class StartupError(RuntimeError):
@@ -100,28 +101,6 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
         )
         reward_model.init_model()
     return WorkerGroups(actor_rollout=actor, critic=critic, rollout=rollout, reward_model=reward_model)
-
-
-def cpu_share(cfg: HybridFlowConfig) -> float:
-    """CPUs per worker slot on CPU: the processes of one node share trainer.ray_init.num_cpus.
-
-    Fewer processes than cores give each slot several whole cores (its torch thread count, see
-    `cpu_threads`); more processes than cores get fractions of one (Ray allows fractions below 1).
-    """
-    available = cfg.trainer.ray_init.num_cpus or os.cpu_count() or 1
-    processes = cfg.trainer.n_gpus_per_node * (2 if cfg.trainer.placement == "split" else 1)
-    if available >= processes:
-        return float(available // processes)
-    return max(available / processes, 0.01)
-
-
-def cpu_threads(cfg: HybridFlowConfig) -> int:
-    """torch threads of one CPU worker: its slot's whole cores (at least 1).
-
-    The actor, the critic and the reward model colocated in a slot run their phases one after the
-    other, so each may use all of the slot's cores.
-    """
-    return max(1, int(cpu_share(cfg)))
 
 
 def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:

