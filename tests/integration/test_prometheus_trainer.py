@@ -80,15 +80,17 @@ def test_tracking_backend_scraped_by_prometheus(operator_env: dict[str, str], pr
             if step % 3 == 0:
                 tracker.checkpoint_saved(step, ck.step_dir(str(tmp_path / "ckpt"), step))
             time.sleep(0.5)
+        # Instant queries while the endpoint is still up: once `finish()` stops it, the next scrape
+        # fails and Prometheus marks every series stale, so an instant query would find nothing.
+        (reward,) = server.query('hybridflow_reward_mean{rljob="tiny"}')
+        assert reward["metric"]["namespace"] == "ml" and reward["metric"]["job"] == "hybridflow-trainer"
+        assert 0 < float(reward["value"][1]) <= step / 20
+        (attempt,) = server.query("hybridflow_attempt")
+        assert float(attempt["value"][1]) == 2
+        assert server.query('hybridflow_phase_duration_seconds{phase="gen"}')
+        assert server.query("hybridflow_checkpoint_age_seconds >= 0")
     finally:
         tracker.finish()
-    (reward,) = server.query('hybridflow_reward_mean{rljob="tiny"}')
-    assert reward["metric"]["namespace"] == "ml" and reward["metric"]["job"] == "hybridflow-trainer"
-    assert 0 < float(reward["value"][1]) <= step / 20
-    (attempt,) = server.query("hybridflow_attempt")
-    assert float(attempt["value"][1]) == 2
-    assert server.query('hybridflow_phase_duration_seconds{phase="gen"}')
-    assert server.query("hybridflow_checkpoint_age_seconds >= 0")
 
 
 @pytest.mark.slow
