@@ -265,11 +265,11 @@ def _reward_model(cfg: HybridFlowConfig) -> list[str]:
             "input_tokenizer=null when the reward model shares the policy's tokenizer)"
         )
     if rm.use_dynamic_bsz:
-        budget = rm.forward_max_token_len_per_gpu
+        budget = rm.forward_max_token_len_per_gpu  # filled from the critic's by _fill_derived when null
         longest = cfg.data.max_prompt_length + cfg.data.max_response_length
         if rm.model.input_tokenizer and rm.max_length:
             longest = rm.max_length
-        if budget < longest:
+        if budget is not None and budget < longest:
             out.append(
                 f"reward_model.forward_max_token_len_per_gpu: {budget} tokens cannot hold one reward-model input of "
                 f"up to {longest} tokens; raise it to at least {longest}"
