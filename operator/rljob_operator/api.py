@@ -22,7 +22,8 @@ PLURAL = "rljobs"
 SINGULAR = "rljob"
 SHORT_NAMES = ["rlj"]
 
-#: The trainer image used when `spec.image` is not set (built from trainer_image/).
+#: The trainer image used when `spec.image` is not set and the operator names no other
+#: (`rljob operator --trainer-image`, the chart's `trainerImage`); built from trainer_image/.
 DEFAULT_IMAGE = "ghcr.io/rljob-hybridflow/trainer:0.1.0"
 
 #: Kubernetes resource.Quantity syntax (same regex as the API server's OpenAPI for quantities).
@@ -226,7 +227,13 @@ class RLJobSpec(_Model):
         "with the trainer's own models; the schema leaves it open because verl's ${...} references and "
         "single-string lists are valid here and typos should be reported, not pruned.",
     )
-    image: str = Field(default=DEFAULT_IMAGE, min_length=1, description="Trainer container image.")
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Trainer container image. Unset: the operator's default trainer image (Helm value "
+        f"trainerImage, flag --trainer-image), {DEFAULT_IMAGE} unless the operator is given another; each "
+        "attempt uses the default current when it starts.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Pull policy of the trainer image."
     )

@@ -138,12 +138,13 @@ def _resources(cpu: api.Quantity, memory: api.Quantity, gpu_name: str, gpus: int
 
 
 def _pod_template(
-    rljob: api.RLJob, attempt: int, container: str, resources: dict[str, Any], ports: list[dict[str, Any]]
+    rljob: api.RLJob, attempt: int, container: str, resources: dict[str, Any], ports: list[dict[str, Any]],
+    default_image: str,
 ) -> dict[str, Any]:
     spec, pod = rljob.spec, rljob.spec.pod
     main: dict[str, Any] = {
         "name": container,
-        "image": spec.image,
+        "image": spec.image or default_image,
         "imagePullPolicy": spec.image_pull_policy,
         "env": _env(rljob, attempt),
     }
@@ -181,11 +182,12 @@ def _pod_template(
     return {"metadata": metadata, "spec": pod_spec}
 
 
-def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | None = None, *,
+                 default_image: str = api.DEFAULT_IMAGE) -> dict[str, Any]:
     """The KubeRay v1 RayJob of one attempt: a fresh RayCluster running the trainer, torn down after.
 
     `annotations` go on the RayJob's metadata (the operator records there which spec the attempt was
-    built from, see changes.attempt_annotations). Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
+    built from, see changes.attempt_annotations). `default_image` runs the pods when `spec.image` is unset. Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
     """
     name = rljob.metadata.name
     nnodes, gpus = cluster_shape(trainer_config(rljob))
@@ -196,9 +198,11 @@ def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | N
         "ray-head",
         _resources(res.head.cpu, res.head.memory, res.gpu_resource_name, 0),
         [{"name": "trainer-metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        default_image,
     )
     worker = _pod_template(
-        rljob, attempt, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), []
+        rljob, attempt, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), [],
+        default_image,
     )
     labels = names.attempt_labels(name, attempt)
     queued = rljob.spec.queue_name is not None
@@ -232,6 +236,7 @@ def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | N
     }
 
 
-def build_children(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def build_children(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | None = None, *,
+                   default_image: str = api.DEFAULT_IMAGE) -> list[dict[str, Any]]:
     """Every child of an RLJob for one attempt, in apply order: the ConfigMap, then the RayJob (`annotations`)."""
-    return [build_configmap(rljob), build_rayjob(rljob, attempt, annotations)]
+    return [build_configmap(rljob), build_rayjob(rljob, attempt, annotations, default_image=default_image)]

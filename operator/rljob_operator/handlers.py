@@ -86,7 +86,8 @@ class Runtime:
                 with metrics.RECONCILE_SECONDS.time():
                     plan, written = await reconcile.reconcile(self.client, rljob, list(rayjobs),
                                                               datetime.datetime.now(datetime.timezone.utc),
-                                                              progress=progress, stalled=stalled)
+                                                              progress=progress, stalled=stalled,
+                                                              default_image=self.settings.trainer_image)
             except Exception as err:
                 metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=type(err).__name__).inc()
                 raise

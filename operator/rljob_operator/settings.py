@@ -7,6 +7,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from rljob_operator.api import DEFAULT_IMAGE
+
 DEFAULT_PEERING = "rljob-operator"
 #: The trainer driver's /metrics through KubeRay's head Service ({cluster}: the RayJob's Ray cluster).
 TRAINER_METRICS_URL = "http://{cluster}-head-svc.{namespace}.svc:{port}/metrics"
@@ -23,6 +25,7 @@ class Settings:
     metrics_port: int = 8080  # 0: no /metrics and /healthz endpoint
     resync_seconds: float = 60.0  # timer interval: level-based resync and progress reading
     trainer_metrics_url: str = TRAINER_METRICS_URL  # template: {cluster} {namespace} {port} {rljob}
+    trainer_image: str = DEFAULT_IMAGE  # pods of RLJobs that set no spec.image
     verbose: bool = False
 
     @property
@@ -65,6 +68,9 @@ def parser() -> argparse.ArgumentParser:
                    help="where to read a trainer's Prometheus metrics; {cluster}, {namespace}, {port} and "
                         "{rljob} are filled in (default: the Ray head Service, " + TRAINER_METRICS_URL.replace("%", "%%")
                         + "; env RLJOB_TRAINER_METRICS_URL)")
+    p.add_argument("--trainer-image", metavar="IMAGE",
+                   help=f"trainer image for RLJobs that set no spec.image (default {DEFAULT_IMAGE}; "
+                        "env RLJOB_TRAINER_IMAGE), e.g. a mirror in your own registry")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -98,8 +104,14 @@ def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Set
         raise SystemExit(f"rljob operator: --trainer-metrics-url {metrics_url!r} is not a valid template ({err!r}); "
                          f"use only the fields {{cluster}}, {{namespace}}, {{port}} and {{rljob}}, e.g. "
                          f"{TRAINER_METRICS_URL}") from None
+    source, image = ("--trainer-image", args.trainer_image) if args.trainer_image is not None else \
+        ("RLJOB_TRAINER_IMAGE", env.get("RLJOB_TRAINER_IMAGE"))
+    if image is not None and (not image.strip() or any(c.isspace() for c in image.strip())):
+        raise SystemExit(f"rljob operator: {source}={image!r} is not an image reference; give one like "
+                         f"{DEFAULT_IMAGE}, or leave it unset for that default")
     return Settings(namespaces=namespaces, peering=peering, priority=priority, peering_lifetime=lifetime,
-                    metrics_port=port, resync_seconds=resync, trainer_metrics_url=metrics_url, verbose=args.verbose)
+                    metrics_port=port, resync_seconds=resync, trainer_metrics_url=metrics_url,
+                    trainer_image=image.strip() if image else DEFAULT_IMAGE, verbose=args.verbose)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

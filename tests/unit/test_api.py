@@ -17,7 +17,7 @@ def _job(**spec: object) -> dict:
 
 def test_defaults_are_filled() -> None:
     job = api.RLJob.model_validate(_job())
-    assert job.spec.image == api.DEFAULT_IMAGE
+    assert job.spec.image is None  # the operator's default image applies (builders, settings)
     assert job.spec.image_pull_policy == "IfNotPresent"
     assert job.spec.resources.gpu_resource_name == "nvidia.com/gpu"
     assert job.spec.run_policy.backoff_limit == 3

@@ -148,6 +148,18 @@ def test_pod_template_carries_env_volumes_and_scheduling() -> None:
     assert main["image"] == api.DEFAULT_IMAGE
 
 
+@pytest.mark.parametrize(("image", "default", "expected"), [
+    (None, "mirror.local/trainer:0.1.0", "mirror.local/trainer:0.1.0"),  # the operator's default
+    ("team/trainer:dev", "mirror.local/trainer:0.1.0", "team/trainer:dev"),  # the RLJob's own wins
+])
+def test_image_is_the_rljobs_or_the_operators_default(image: str | None, default: str, expected: str) -> None:
+    spec = {"image": image} if image else {}
+    rayjob = builders.build_rayjob(_rljob({"trainer": {"nnodes": 2}}, **spec), 1, default_image=default)
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    for template in (cluster["headGroupSpec"]["template"], _worker(rayjob)["template"]):
+        assert _container(template)["image"] == expected
+
+
 def test_secret_ref_is_passed_by_reference_only() -> None:
     spec, config, *_ = VARIANTS["secret-ref"]
     rayjob = builders.build_rayjob(_rljob(config, **spec), 1)

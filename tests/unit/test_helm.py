@@ -127,10 +127,12 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
 @pytest.mark.parametrize("values", [
     {**NAMESPACED, "operator": {"peering": {"enabled": False}, "resyncSeconds": 15, "metricsPort": 9090}},
     {"replicaCount": 3, "operator": {"peering": {"name": "team", "lifetime": 20}, "verbose": True,
-                                     "extraArgs": ["--resync-seconds=5"]}},
+                                     "extraArgs": ["--resync-seconds=5"]},
+     "trainerImage": "registry.local/mirror/trainer:0.1.0"},
 ], ids=["standalone-namespaced", "peering-replicas"])  # fmt: skip
 def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Path, values: dict[str, Any]) -> None:
     """Every rendered flag exists in rljob_operator.settings and means what the values say."""
+    from rljob_operator.api import DEFAULT_IMAGE
     from rljob_operator.settings import parse_settings
 
     (container,) = _deployment(render(helm, chart, values))["spec"]["template"]["spec"]["containers"]
@@ -147,6 +149,7 @@ def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Pa
     assert settings.metrics_port == operator.get("metricsPort", 8080)
     assert settings.resync_seconds == operator.get("resyncSeconds", 5 if operator.get("extraArgs") else 60)
     assert settings.verbose == operator.get("verbose", False)
+    assert settings.trainer_image == values.get("trainerImage", DEFAULT_IMAGE)
     assert settings.priority is None, "the chart must never fix the peering priority (replicas would all pause)"
     (service,) = _by_kind(render(helm, chart, values), "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"

@@ -21,6 +21,7 @@ BAD_VALUES: dict[str, tuple[dict[str, Any], str]] = {
     "typo in a nested key": ({"serviceMonitor": {"enable": True}}, "additional properties 'enable' not allowed"),
     "trainer defaults (the operator has none; set them in each RLJob)": ({"trainer": {"image": "x"}},
                                                                          "additional properties 'trainer' not allowed"),
+    "trainer image with a space": ({"trainerImage": "registry.local/trainer :1"}, "/trainerImage'"),
     "metrics port 0 (the probes need it)": ({"operator": {"metricsPort": 0}}, "/operator/metricsPort': minimum"),
     "namespace is not a DNS label": ({"watchNamespaces": ["Team-A"]}, "/watchNamespaces/0': 'Team-A' does not match"),
     "scrape interval without unit": ({"serviceMonitor": {"interval": 30}}, "/serviceMonitor/interval'"),

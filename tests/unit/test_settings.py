@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from rljob_operator.api import DEFAULT_IMAGE
 from rljob_operator.settings import DEFAULT_PEERING, Settings, parse_settings
 
 
@@ -27,6 +28,9 @@ from rljob_operator.settings import DEFAULT_PEERING, Settings, parse_settings
     (["--metrics-port", "0", "--resync-seconds", "2.5", "-v"], {"RLJOB_METRICS_PORT": "9"},
      {"metrics_port": 0, "resync_seconds": 2.5, "verbose": True}),
     ([], {"RLJOB_METRICS_PORT": "9090", "RLJOB_RESYNC_SECONDS": "5"}, {"metrics_port": 9090, "resync_seconds": 5.0}),
+    ([], {}, {"trainer_image": DEFAULT_IMAGE}),
+    ([], {"RLJOB_TRAINER_IMAGE": "registry.local/trainer:1"}, {"trainer_image": "registry.local/trainer:1"}),
+    (["--trainer-image", "a/b:2"], {"RLJOB_TRAINER_IMAGE": "c/d:3"}, {"trainer_image": "a/b:2"}),
 ])
 def test_parse_settings(argv: list[str], env: dict[str, str], expected: dict[str, Any]) -> None:
     settings = parse_settings(argv, env)
@@ -42,6 +46,8 @@ def test_defaults_match_the_dataclass() -> None:
     (["--resync-seconds", "0"], {}, "--resync-seconds must be > 0"),
     (["--peering-lifetime", "1"], {}, "--peering-lifetime must be >= 2"),
     ([], {"RLJOB_PEERING_PRIORITY": "high"}, "RLJOB_PEERING_PRIORITY='high' is not an integer"),
+    (["--trainer-image", " "], {}, "--trainer-image=' ' is not an image reference"),
+    ([], {"RLJOB_TRAINER_IMAGE": "a b"}, "RLJOB_TRAINER_IMAGE='a b' is not an image reference"),
 ])
 def test_bad_settings_say_what_to_change(argv: list[str], env: dict[str, str], needle: str) -> None:
     with pytest.raises(SystemExit) as exc:
