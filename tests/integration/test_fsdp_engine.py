@@ -15,7 +15,7 @@ from hybridflow.config import ActorConfig, CriticConfig, OptimConfig
 from hybridflow.controller.worker import find_free_port
 from hybridflow.engines.actor import PPOActor
 from hybridflow.engines.critic import PPOCritic
-from hybridflow.engines.fsdp_engine import FSDPEngine
+from hybridflow.engines.fsdp_engine import FSDPEngine, autocast_dtype
 from hybridflow.engines.optim import lr_factor
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.protocol import DataProto
@@ -195,3 +195,30 @@ def test_lr_schedule_warmup_then_cosine() -> None:
     assert lr_factor(10, 2, 10, "cosine", min_lr_ratio=0.1) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="constant or cosine"):
         lr_factor(5, 0, 10, "linear")
+
+
+@pytest.mark.parametrize(("device", "sharded", "cpu_flag", "mp", "expected"), [
+    ("cuda", True, False, {}, None),  # FSDP2's MixedPrecisionPolicy casts instead
+    ("cuda", False, False, {}, torch.bfloat16),  # one GPU process: autocast, as verl's bf16 default
+    ("cpu", False, False, {}, None),  # CPU computes in model_dtype unless asked
+    ("cpu", True, True, {}, torch.bfloat16),
+    ("cpu", False, True, {"mixed_precision": {"param_dtype": "fp16"}}, torch.float16),
+    ("cpu", False, True, {"mixed_precision": {"param_dtype": "fp32"}}, None),
+    ("cpu", False, True, {"model_dtype": "bf16"}, None),  # already computing in bf16
+])
+def test_autocast_dtype(device: str, sharded: bool, cpu_flag: bool, mp: dict, expected: torch.dtype | None) -> None:
+    assert autocast_dtype(device, mp, sharded=sharded, cpu_mixed_precision=cpu_flag) == expected
+
+
+def test_cpu_mixed_precision_computes_in_bf16_and_keeps_fp32_weights(model_dir: str, single: dict[str, Any]) -> None:
+    cfg = actor_config()
+    engine = FSDPEngine(model_dir, optim_config=cfg.optim, grad_clip=cfg.grad_clip, cpu_mixed_precision=True)
+    assert engine.autocast_dtype == torch.bfloat16
+    result = train_once(engine, make_batch(engine.hf_config.vocab_size), micro=2)
+    assert result["log_probs"].dtype == torch.float32
+    gap = (result["log_probs"] - single["log_probs"]).abs().max().item()
+    # bf16 matmuls (8-bit mantissa) move the log-probs of this model by ~1e-3, fp32 would by ~1e-7
+    assert 1e-5 < gap < 5e-2, gap
+    assert {v.dtype for v in result["state"].values()} == {torch.float32}
+    moved = max((result["state"][k] - single["initial"][k]).abs().max().item() for k in single["initial"])
+    assert moved > 1e-3 and math.isfinite(result["metrics"]["actor/grad_norm"])

@@ -132,3 +132,17 @@ def test_ppo_with_token_budget_micro_batches_on_two_ranks(inputs: dict[str, str]
     assert rows[-1]["global_seqlen/balanced_max"] - rows[-1]["global_seqlen/balanced_min"] <= (
         rows[-1]["global_seqlen/minmax_diff"]
     )
+
+
+def test_cpu_mixed_precision_through_the_stack(inputs: dict[str, str], tmp_path: Path) -> None:
+    """trainer.cpu_mixed_precision: PPO with a critic and a KL loss trains with it on, and the actor
+    really computes in bf16 (its log-probs leave the fp32 HF rollout's, which fp32 ones match)."""
+    common = ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true",
+              "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.total_training_steps=1"]
+    fp32 = train(inputs, tmp_path / "fp32", *common)
+    bf16 = train(inputs, tmp_path / "bf16", *common, "trainer.cpu_mixed_precision=true")
+    # |p_actor - p_rollout| of the random tiny model's near-uniform token probabilities: ~1e-8 when
+    # both compute in fp32, ~1e-5 with the actor's matmuls in bf16
+    assert fp32[-1]["training/rollout_probs_diff_max"] < 1e-7
+    assert bf16[-1]["training/rollout_probs_diff_max"] > 1e-6
+    assert {"critic/vf_loss", "actor/kl_loss", "actor/pg_loss"} <= set(bf16[-1])

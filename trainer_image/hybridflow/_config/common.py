@@ -110,7 +110,8 @@ class FsdpConfig(Section):
     )
     model_dtype: Dtype = Field(default="fp32", description="Dtype the master weights are held in.")
     mixed_precision: MixedPrecision = Field(
-        default_factory=MixedPrecision, description="Compute and gradient-reduction dtypes on GPU (on CPU the model computes in model_dtype)."
+        default_factory=MixedPrecision, description="Compute and gradient-reduction dtypes on GPU; on CPU the model computes in model_dtype "
+        "unless trainer.cpu_mixed_precision is set."
     )
     wrap_policy: WrapPolicy = Field(default_factory=WrapPolicy, description="Which submodules are sharded.")
 

@@ -141,6 +141,13 @@ class TrainerConfig(Section):
         default=8, ge=1, description="Accelerators per node (trainer processes per node when device=cpu)."
     )
     device: Literal["cuda", "cpu", "npu"] = Field(default="cuda", description="Device type the workers use.")
+    cpu_mixed_precision: bool = Field(
+        default=False,
+        description="On CPU, compute the actor, reference, critic and reward model in their "
+        "fsdp_config.mixed_precision.param_dtype (bf16; torch.autocast) as GPUs always do; weights, gradients "
+        "and optimizer state stay in model_dtype. ~1.7x faster forward/backward on CPUs with AVX-512 BF16 or AMX; "
+        "off by default because it changes the numerics of CPU runs.",
+    )
     total_epochs: int = Field(default=30, gt=0, description="Passes over the training data.")
     total_training_steps: int | None = Field(
         default=None, gt=0, description="Stop after this many steps; null means total_epochs decides."

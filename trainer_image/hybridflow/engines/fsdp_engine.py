@@ -145,6 +145,24 @@ def shard_policies(device_type: str, fsdp_config: Any) -> dict[str, Any]:
     return out
 
 
+def autocast_dtype(device_type: str, fsdp_config: Any, *, sharded: bool, cpu_mixed_precision: bool) -> torch.dtype | None:
+    """The dtype forward passes autocast to, or None when the model computes in its own dtype.
+
+    Mixed precision (`mixed_precision.param_dtype`, bf16 by default) always applies on GPU and, on CPU,
+    when `trainer.cpu_mixed_precision` asks for it. Where FSDP2 shards on a GPU its MixedPrecisionPolicy
+    casts the parameters (see shard_policies); elsewhere (one process, or CPU) `torch.autocast` runs the
+    matrix multiplies in that dtype. Master weights, gradients and optimizer state stay in `model_dtype`.
+    """
+    if device_type == "cuda" and sharded:
+        return None
+    if device_type == "cpu" and not cpu_mixed_precision:
+        return None
+    dtype = to_dtype(_get(_get(fsdp_config, "mixed_precision", None), "param_dtype", "bf16"))
+    if dtype not in (torch.bfloat16, torch.float16) or dtype == to_dtype(_get(fsdp_config, "model_dtype", "fp32")):
+        return None
+    return dtype
+
+
 class FSDPEngine:
     """One model (actor, reference, critic) with optional optimizer, sharded when distributed."""
 
@@ -159,6 +177,7 @@ class FSDPEngine:
         total_steps: int | None = None,
         grad_clip: float | None = 1.0,
         seed: int = 0,
+        cpu_mixed_precision: bool = False,
     ) -> None:
         self.device = resolve_device(device)
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -184,6 +203,8 @@ class FSDPEngine:
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         module.to(self.device)
         self.module: nn.Module = self._shard(module, fsdp_config) if self.distributed else module
+        self.autocast_dtype = autocast_dtype(self.device.type, fsdp_config, sharded=self.distributed,
+                                             cpu_mixed_precision=cpu_mixed_precision)
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if optim_config is not None:
@@ -233,8 +254,9 @@ class FSDPEngine:
         position_ids: torch.Tensor,
         logits_to_keep: int = 0,
     ) -> Any:
-        """The model's logits for the last positions (causal LM: (b, T', vocab); value model: (b, T', 1)).
+        """The model's fp32 logits for the last positions (causal LM: (b, T', vocab); value model: (b, T', 1)).
 
+        Computed in the mixed-precision dtype where one applies (see `autocast_dtype`), returned in fp32.
         T' <= T: leading columns that are padding in every row are not computed, and with
         `logits_to_keep` > 0 only that many last positions are guaranteed (all of them when the model
         cannot restrict its head). Callers index from the end.
@@ -246,14 +268,15 @@ class FSDPEngine:
         first = int(used[0]) if len(used) else 0
         if first > 0:
             input_ids, attention_mask, position_ids = (t[:, first:] for t in (input_ids, attention_mask, position_ids))
-        out = self.module(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
-            position_ids=position_ids.to(self.device),
-            use_cache=False,
-            **extra,
-        )
-        return out.logits
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            out = self.module(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention_mask.to(self.device),
+                position_ids=position_ids.to(self.device),
+                use_cache=False,
+                **extra,
+            )
+        return out.logits.float()
 
     def all_reduce_sum(self, value: float | torch.Tensor) -> torch.Tensor:
         """Sum a scalar over all ranks (itself when not distributed)."""

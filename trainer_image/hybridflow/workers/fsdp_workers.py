@@ -117,10 +117,12 @@ class ActorRolloutRefWorker(_DistributedWorker):
                 total_steps=total if total and total > 0 else None,
                 grad_clip=actor_cfg.grad_clip,
                 seed=seed,
+                cpu_mixed_precision=self.config.trainer.cpu_mixed_precision,
             )
             self.actor = PPOActor(engine, actor_cfg, seed=seed)
         if "ref" in self.roles:
-            engine = FSDPEngine(path, device=self.device, model_config=arr.model, fsdp_config=arr.ref.fsdp_config)
+            engine = FSDPEngine(path, device=self.device, model_config=arr.model, fsdp_config=arr.ref.fsdp_config,
+                                cpu_mixed_precision=self.config.trainer.cpu_mixed_precision)
             self.ref = PPOActor(engine, arr.actor, seed=seed)
         if "rollout" in self.roles:
             self.rollout = self._build_rollout(path)
@@ -257,6 +259,7 @@ class CriticWorker(_DistributedWorker):
             total_steps=total if total and total > 0 else None,
             grad_clip=c.grad_clip,
             seed=self.config.trainer.seed,
+            cpu_mixed_precision=self.config.trainer.cpu_mixed_precision,
         )
         # null critic settings (loss_agg_mode, ppo_epochs, shuffle, ...) were filled from the actor's by the config
         self.critic = PPOCritic(engine, c, seed=self.config.trainer.seed)

@@ -53,6 +53,7 @@ class RewardModelWorker(_DistributedWorker):
             },
             fsdp_config=rm.model.fsdp_config,
             seed=self.config.trainer.seed,
+            cpu_mixed_precision=self.config.trainer.cpu_mixed_precision,
         )
         input_tokenizer = tokenizer = None
         if rm.model.input_tokenizer:
