@@ -76,7 +76,8 @@ def train_once(engine: FSDPEngine, batch: DataProto, micro: int) -> dict[str, An
     return {"log_probs": log_probs, "entropy": entropy, "metrics": metrics, "state": engine.full_state_dict()}
 
 
-def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, fsdp_config: dict | None = None) -> None:
+def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, fsdp_config: dict | None = None,
+               engine_kwargs: dict | None = None) -> None:
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -84,7 +85,8 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, fsdp_
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         cfg = actor_config()
-        engine = FSDPEngine(model_dir, optim_config=cfg.optim, grad_clip=cfg.grad_clip, fsdp_config=fsdp_config)
+        engine = FSDPEngine(model_dir, optim_config=cfg.optim, grad_clip=cfg.grad_clip, fsdp_config=fsdp_config,
+                            **(engine_kwargs or {}))
         batch = make_batch(engine.hf_config.vocab_size).chunk(world)[rank]
         result = train_once(engine, batch, micro=len(batch))
         sharded = [p for p in engine.module.parameters() if hasattr(p, "to_local")]
@@ -96,11 +98,11 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str, fsdp_
         dist.destroy_process_group()
 
 
-def run_two_ranks(model_dir: str, out: Path, fsdp_config: dict | None = None) -> list[dict[str, Any]]:
+def run_two_ranks(model_dir: str, out: Path, fsdp_config: dict | None = None, **engine_kwargs: Any) -> list[dict[str, Any]]:
     """`train_once` on 2 gloo ranks (each on its half of the batch); their results."""
     mp.start_processes(
         _rank_main,
-        args=(2, find_free_port(), model_dir, str(out), fsdp_config),
+        args=(2, find_free_port(), model_dir, str(out), fsdp_config, engine_kwargs),
         nprocs=2,
         join=True,
         start_method="spawn",
@@ -210,15 +212,36 @@ def test_autocast_dtype(device: str, sharded: bool, cpu_flag: bool, mp: dict, ex
     assert autocast_dtype(device, mp, sharded=sharded, cpu_mixed_precision=cpu_flag) == expected
 
 
-def test_cpu_mixed_precision_computes_in_bf16_and_keeps_fp32_weights(model_dir: str, single: dict[str, Any]) -> None:
+@pytest.fixture(scope="module")
+def single_bf16(model_dir: str) -> dict[str, Any]:
     cfg = actor_config()
     engine = FSDPEngine(model_dir, optim_config=cfg.optim, grad_clip=cfg.grad_clip, cpu_mixed_precision=True)
     assert engine.autocast_dtype == torch.bfloat16
-    result = train_once(engine, make_batch(engine.hf_config.vocab_size), micro=2)
+    return train_once(engine, make_batch(engine.hf_config.vocab_size), micro=2)
+
+
+def test_cpu_mixed_precision_computes_in_bf16_and_keeps_fp32_weights(
+    single_bf16: dict[str, Any], single: dict[str, Any]
+) -> None:
+    result = single_bf16
     assert result["log_probs"].dtype == torch.float32
     gap = (result["log_probs"] - single["log_probs"]).abs().max().item()
-    # bf16 matmuls (8-bit mantissa) move the log-probs of this model by ~1e-3, fp32 would by ~1e-7
+    # bf16 matmuls (8-bit mantissa) move the log-probs of this model by ~2e-3, fp32 would by ~1e-7
     assert 1e-5 < gap < 5e-2, gap
     assert {v.dtype for v in result["state"].values()} == {torch.float32}
     moved = max((result["state"][k] - single["initial"][k]).abs().max().item() for k in single["initial"])
     assert moved > 1e-3 and math.isfinite(result["metrics"]["actor/grad_norm"])
+
+
+def test_cpu_mixed_precision_on_two_sharded_ranks(
+    model_dir: str, tmp_path: Path, single_bf16: dict[str, Any], single: dict[str, Any]
+) -> None:
+    ranks = run_two_ranks(model_dir, tmp_path, cpu_mixed_precision=True)
+    assert ranks[0]["n_sharded"] > 0
+    log_probs = torch.cat([r["log_probs"] for r in ranks])
+    # the same bf16 arithmetic per row as one process (seen equal to the bit), not fp32's
+    assert (log_probs - single_bf16["log_probs"]).abs().max().item() < 1e-6
+    assert (log_probs - single["log_probs"]).abs().max().item() > 1e-5
+    state = ranks[0]["state"]
+    assert {v.dtype for v in state.values()} == {torch.float32}
+    assert max((state[k] - single_bf16["state"][k]).abs().max().item() for k in state) < 1e-5
