@@ -193,7 +193,7 @@ def _attempt(text: str) -> int:
 
 
 def render_main(argv: list[str]) -> int:
-    """`rljob render -f FILE [--attempt N]`: print every child manifest as multi-document YAML."""
+    """`rljob render -f FILE [--attempt N] [--trainer-image IMAGE]`: print every child manifest as YAML."""
     parser = _manifest_parser(
         "rljob render",
         "Print the objects the operator would create for each RLJob (its ConfigMap and the "
@@ -201,6 +201,9 @@ def render_main(argv: list[str]) -> int:
         "reported as by `rljob validate` and not rendered.",
     )
     parser.add_argument("--attempt", type=_attempt, default=1, help="attempt number to render (default 1)")
+    parser.add_argument("--trainer-image", metavar="IMAGE", default=api.DEFAULT_IMAGE,
+                        help="the operator's default trainer image (its --trainer-image, the chart's trainerImage), "
+                             f"used by RLJobs without spec.image (default {api.DEFAULT_IMAGE})")
     args = parser.parse_args(argv)
     manifests = _check_manifests(args.filename)
     if manifests is None:
@@ -220,7 +223,7 @@ def render_main(argv: list[str]) -> int:
         if not rljob.metadata.uid:
             rljob.metadata.uid = PLACEHOLDER_UID
         notes = changes.attempt_annotations(item.doc, changes.checkpoint_location(item.doc))
-        rendered.extend(build_children(rljob, args.attempt, notes))
+        rendered.extend(build_children(rljob, args.attempt, notes, default_image=args.trainer_image))
     if failed:
         return 1
     if not rendered:

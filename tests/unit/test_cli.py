@@ -128,6 +128,18 @@ def test_render_prints_children_deterministically(capsys: pytest.CaptureFixture[
     assert limits["resources"]["limits"]["nvidia.com/gpu"] == "8"
 
 
+def test_render_uses_the_operators_default_image_unless_the_rljob_pins_one(tmp_path: Path, capsys) -> None:
+    job = yaml.safe_load(CPU_EXAMPLE.read_text())
+    pinned = {**job, "metadata": {**job["metadata"], "name": "pinned"}, "spec": {**job["spec"], "image": "team/t:1"}}
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump_all([job, pinned]))
+    assert cli.main(["render", "-f", str(path), "--trainer-image", "mirror.local/trainer:0.1.0"]) == 0
+    rayjobs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "RayJob"]
+    images = [d["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+              for d in rayjobs]
+    assert images == ["mirror.local/trainer:0.1.0", "team/t:1"]
+
+
 def test_render_keeps_a_real_uid(tmp_path: Path, capsys) -> None:
     job = yaml.safe_load(CPU_EXAMPLE.read_text())
     job["metadata"]["uid"] = "1234-real"
