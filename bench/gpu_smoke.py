@@ -1,4 +1,5 @@
-"""GPU smoke check of the vLLM and SGLang rollout engines: generate, weight update, memory release.
+"""GPU smoke check of the vLLM and SGLang rollout engines (generate, weight update, memory release) and
+of the trainer's engine in one process (mixed precision).
 
     python -m bench.gpu_smoke [--model-dir DIR] [--engines vllm,sglang] [--device cuda|cpu]
 
@@ -12,6 +13,9 @@ for each engine through our adapter (`hybridflow.rollout.registry.build_rollout_
    outputs must change and log-probs must match the perturbed HF model;
 3. with free_cache_engine the engine releases memory after generating (vLLM sleep / SGLang
    release_memory_occupation) and generates correctly after waking up.
+Then the trainer's FSDPEngine in a single process (no FSDP sharding): it must compute in bf16 under
+autocast (on a GPU by default, as verl; on CPU with trainer.cpu_mixed_precision), stay within bf16's
+reach of the fp32 HF log-probs, and take an optimizer step that leaves fp32 weights.
 Prints one line per check and, last, one JSON object; exits 1 when a check fails.
 """
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -99,6 +104,50 @@ def check_engine(name: str, model_dir: Path, prompts: Any, device: str = "cuda")
     return result
 
 
+def check_trainer_engine(model_dir: Path, prompts: Any, device: str = "cuda") -> dict[str, Any]:
+    """The trainer's engine in one process: bf16 compute, fp32 log-probs near HF's, an fp32 update."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.algorithms.torch_functional import logprobs_from_logits
+    from hybridflow.config import OptimConfig
+    from hybridflow.engines.fsdp_engine import FSDPEngine
+
+    engine = FSDPEngine(str(model_dir), device=device, optim_config=OptimConfig(lr=1e-5),
+                        cpu_mixed_precision=device == "cpu")
+    b = prompts.batch
+    ids, mask = b["input_ids"].to(engine.device), b["attention_mask"].to(engine.device)
+    labels, valid = ids[:, 1:], mask[:, 1:].bool()
+    ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(engine.device).eval()
+    with torch.no_grad():
+        ref_lp = logprobs_from_logits(ref(input_ids=ids, attention_mask=mask,
+                                          position_ids=b["position_ids"].to(engine.device)).logits[:, :-1], labels)
+    logits = engine.forward(ids, mask, b["position_ids"])
+    lp = logprobs_from_logits(logits[:, -labels.shape[1] - 1 : -1], labels)
+    # in probability space (as training/rollout_probs_diff_max): bf16's relative error is large in
+    # absolute log-prob terms on the tail (log-probs of -20), not on the tokens that carry the loss
+    gap = float((lp.exp() - ref_lp.exp())[valid].abs().max())
+    mean_lp_gap = float((lp - ref_lp)[valid].abs().mean())
+    before = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    (-lp[valid].mean()).backward()
+    grad_norm = engine.optimizer_step()
+    after = engine.module.state_dict()
+    moved = max(float((after[k] - before[k]).abs().max()) for k in before)
+    result: dict[str, Any] = {
+        "compute_dtype": str(engine.autocast_dtype), "logits_dtype": str(logits.dtype),
+        "prob_gap_to_fp32": round(gap, 5), "mean_logprob_gap_to_fp32": round(mean_lp_gap, 5), "grad_norm": round(grad_norm, 4), "weights_moved": moved,
+        "weights_dtype": sorted({str(v.dtype) for v in after.values()}),
+    }
+    # SmolLM2 on CPU: bf16 compute moves token probabilities by up to 0.04 and log-probs by 0.06 on
+    # average (fp32 would by ~1e-6); a wrong or missing weight moves them by far more
+    result["mixed_precision_ok"] = (
+        engine.autocast_dtype == torch.bfloat16 and logits.dtype == torch.float32
+        and 1e-5 < gap < 0.2 and mean_lp_gap < 0.2
+        and result["weights_dtype"] == ["torch.float32"] and moved > 0 and math.isfinite(grad_norm)
+    )
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Check each installed engine; print lines and the JSON summary."""
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_smoke", description=__doc__.splitlines()[0])
@@ -133,6 +182,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, value in res.items():
             print(f"{name:<7} {key:<24} {value}")
         ok = ok and all(v for k, v in res.items() if k.endswith("_ok")) and "error" not in res
+    try:
+        res = check_trainer_engine(model_dir, prompts, args.device)
+    except Exception as err:
+        res = {"error": f"{type(err).__name__}: {err}"}
+    summary["trainer"] = res
+    for key, value in res.items():
+        print(f"{'trainer':<7} {key:<24} {value}")
+    ok = ok and bool(res.get("mixed_precision_ok"))
     summary["ok"] = ok
     print(json.dumps(summary, sort_keys=True))
     return 0 if ok else 1

