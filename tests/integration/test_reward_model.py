@@ -11,19 +11,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 from hybridflow.config import load_config
 from hybridflow.data.toy import build_toy_tokenizer
-from hybridflow.engines.reward_model import positions_from_mask
 from hybridflow.models.tiny import build_tiny_model
 from hybridflow.protocol import DataProto
 from hybridflow.workers.reward_model_worker import RewardModelWorker
 from tests.support.ray_local import local_ray
+from tests.support.rm_batches import rollout_batch
 
 # The toy template without the newline after each turn: prompt rendered for generation + response + EOS
 # is then exactly what the template renders for the whole chat.
@@ -77,35 +75,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "sequence": save_reward_model(policy, root / "rm_seq", kind="sequence"),
         "constant": save_reward_model(policy, root / "rm_const", constant=CONSTANT),
     }
-
-
-def rollout_batch(
-    tokenizer: Any, pairs: list[tuple[str, str]], prompt_len: int = 24, resp_len: int = 6
-) -> DataProto:
-    """Left-padded rendered prompts + right-padded responses (answer + EOS, cut at resp_len), as a rollout returns."""
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    prompts = torch.full((len(pairs), prompt_len), pad)
-    responses = torch.full((len(pairs), resp_len), pad)
-    chats = np.empty(len(pairs), dtype=object)
-    for i, (question, answer) in enumerate(pairs):
-        chats[i] = [{"role": "user", "content": question}]
-        text = tokenizer.apply_chat_template(chats[i], add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        prompts[i, prompt_len - len(ids) :] = torch.tensor(ids)
-        resp = (tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos])[:resp_len]
-        responses[i, : len(resp)] = torch.tensor(resp)
-    input_ids = torch.cat([prompts, responses], 1)
-    mask = (input_ids != pad).long()
-    return DataProto.from_dict(
-        tensors={
-            "responses": responses,
-            "input_ids": input_ids,
-            "attention_mask": mask,
-            "position_ids": positions_from_mask(mask),
-            "response_mask": mask[:, prompt_len:].clone(),
-        },
-        non_tensors={"raw_prompt": chats},
-    )
 
 
 # uneven response lengths 2..6 tokens; the last one is cut at 6 tokens, without EOS

@@ -21,8 +21,8 @@ from hybridflow.engines.reward_model import (
     reward_head_problem,
     valid_response_lengths,
 )
-from hybridflow.protocol import DataProto
 from hybridflow.rewards import RewardManager
+from tests.support.rm_batches import rollout_batch
 
 # The toy template without the newline after each turn: a rendered (prompt, response) chat is then
 # exactly the prompt rendered with a generation prompt followed by the response and its EOS.
@@ -36,40 +36,6 @@ TIGHT_TEMPLATE = (
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     return build_toy_tokenizer()
-
-
-def _rollout_batch(
-    tokenizer: Any, chats: list[str], answers: list[str], prompt_len: int = 24, resp_len: int = 5
-) -> DataProto:
-    """Left-padded rendered prompts + right-padded responses (answer + EOS, cut at resp_len), as a rollout returns."""
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    rows = len(chats)
-    prompts = torch.full((rows, prompt_len), pad)
-    responses = torch.full((rows, resp_len), pad)
-    raw = []
-    for i, (question, answer) in enumerate(zip(chats, answers, strict=True)):
-        chat = [{"role": "user", "content": question}]
-        raw.append(chat)
-        ids = tokenizer(
-            tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False,
-        )["input_ids"]
-        prompts[i, prompt_len - len(ids) :] = torch.tensor(ids)
-        resp = (tokenizer(answer, add_special_tokens=False)["input_ids"] + [eos])[:resp_len]
-        responses[i, : len(resp)] = torch.tensor(resp)
-    input_ids = torch.cat([prompts, responses], dim=1)
-    attention_mask = (input_ids != pad).long()
-    return DataProto.from_dict(
-        tensors={
-            "prompts": prompts,
-            "responses": responses,
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": positions_from_mask(attention_mask),
-            "response_mask": attention_mask[:, prompt_len:].clone(),
-        },
-        non_tensors={"raw_prompt": np.array(raw + [None], dtype=object)[:-1]},
-    )
 
 
 def test_scores_sit_on_the_last_valid_response_token_for_uneven_lengths() -> None:
@@ -88,7 +54,7 @@ def test_last_valid_index_for_left_and_right_padding() -> None:
 
 
 def test_valid_response_lengths_prefers_response_mask(tokenizer: Any) -> None:
-    data = _rollout_batch(tokenizer, ["copy a", "copy bcd"], ["a", "bcd"])
+    data = rollout_batch(tokenizer, [("copy a", "a"), ("copy bcd", "bcd")], resp_len=5)
     assert valid_response_lengths(data).tolist() == [2, 4]
     data.batch["response_mask"][0, 1] = 0
     assert valid_response_lengths(data).tolist() == [1, 4]
@@ -101,7 +67,7 @@ def test_render_chats_with_a_matching_template_reproduces_the_policy_ids(tokeniz
     back prompt + response token for token (left-padded), so a reward model sees the same input."""
     rm_tok = build_toy_tokenizer()
     rm_tok.chat_template = TIGHT_TEMPLATE
-    data = _rollout_batch(tokenizer, ["copy a", "3+4=", "count a in abba"], ["a", "7", "2"])
+    data = rollout_batch(tokenizer, [("copy a", "a"), ("3+4=", "7"), ("count a in abba", "2")], resp_len=5)
     inputs = render_chats(data, tokenizer, rm_tok)
     mask = data.batch["attention_mask"]
     for i in range(len(data)):
@@ -115,14 +81,14 @@ def test_render_chats_with_a_matching_template_reproduces_the_policy_ids(tokeniz
 
 def test_render_chats_uses_the_reward_models_template(tokenizer: Any) -> None:
     """The stock toy template ends every turn with a newline: the rendered input differs from the policy's."""
-    data = _rollout_batch(tokenizer, ["copy a"], ["a"])
+    data = rollout_batch(tokenizer, [("copy a", "a")], resp_len=5)
     inputs = render_chats(data, tokenizer, build_toy_tokenizer())
     text = tokenizer.decode(inputs.batch["input_ids"][0][inputs.batch["attention_mask"][0].bool()])
     assert text == "<bos>user: copy a\nassistant: a<eos>\n"
 
 
 def test_render_chats_truncates_on_the_right_and_needs_raw_prompt(tokenizer: Any) -> None:
-    data = _rollout_batch(tokenizer, ["copy abc"], ["abc"])
+    data = rollout_batch(tokenizer, [("copy abc", "abc")], resp_len=5)
     inputs = render_chats(data, tokenizer, build_toy_tokenizer(), max_length=5)
     assert tokenizer.decode(inputs.batch["input_ids"][0]) == "<bos>user: c"  # <bos>, user, :, space, c
     del data.non_tensor_batch["raw_prompt"]
@@ -158,7 +124,7 @@ def test_reward_head_checks(tmp_path: Path) -> None:
 
 
 def test_reward_manager_returns_rm_scores_even_without_a_rule_scorer(tokenizer: Any) -> None:
-    data = _rollout_batch(tokenizer, ["copy a", "copy b"], ["a", "b"])
+    data = rollout_batch(tokenizer, [("copy a", "a"), ("copy b", "b")], resp_len=5)
     data.non_tensor_batch["data_source"] = np.array(["no/such/source"] * 2, dtype=object)
     data.non_tensor_batch["reward_model"] = np.array(
         [{"ground_truth": "a"}, {"ground_truth": "b"}], dtype=object
