@@ -149,10 +149,13 @@ class RayPPOTrainer:
                     started = time.perf_counter()
                     metrics.update(self.validate())
                     metrics["timing_s/testing"] = time.perf_counter() - started
-                if self._due(self.config.trainer.save_freq, last) or self._stop_signal is not None:
+                # Read the flag once: a SIGTERM landing after the save decision (say, while the metrics
+                # are logged) must not end the run before the step it stops at is checkpointed.
+                stopping = self._stop_signal is not None
+                if self._due(self.config.trainer.save_freq, last) or stopping:
                     self.save_checkpoint()
                 self.tracker.log(metrics, step=self.global_step)
-                if self._stop_signal is not None:
+                if stopping:
                     self.log(
                         f"received signal {self._stop_signal}: finished step {self.global_step}, saved a "
                         f"checkpoint under {self.ckpt_root}; exiting. Rerun with trainer.resume_mode=auto to continue."
@@ -453,7 +456,7 @@ class RayPPOTrainer:
 
     def _on_sigterm(self, signum: int, _frame: Any) -> None:
         self.log(
-            f"signal {signum} received: finishing step {self.global_step}, then checkpointing and exiting"
+            f"signal {signum} received: finishing the current step, then checkpointing and exiting"
         )
         self._stop_signal = signum
 
