@@ -103,10 +103,15 @@ def test_dict_without_score_is_rejected(tokenizer: Any) -> None:
         RewardManager(tokenizer, compute_score=lambda **kw: {"acc": 1})(data)
 
 
-def test_rm_scores_pass_through(tokenizer: Any) -> None:
+@pytest.mark.parametrize("kind", ["naive", "dapo", "batch"])
+def test_rm_scores_pass_through(tokenizer: Any, kind: str) -> None:
+    """With a reward model on, every manager returns its scores; batch needs no user function then."""
+    from hybridflow.config import parse_config
+
+    cfg = parse_config({"reward_model": {"enable": True, "reward_manager": kind}})
     data = _batch(tokenizer, ["1"], ["1"])
     data.batch["rm_scores"] = torch.full((1, R), 0.25)
-    assert torch.equal(RewardManager(tokenizer)(data), data.batch["rm_scores"])
+    assert torch.equal(RewardManager.from_config(cfg, tokenizer)(data), data.batch["rm_scores"])
 
 
 def test_overlong_penalty_ramp() -> None:
@@ -134,7 +139,7 @@ def test_config_errors() -> None:
         RewardManager(overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=2)
     with pytest.raises(ValueError, match="overlong_buffer.len=9 must be between 1 and"):
         RewardManager(kind="dapo", overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=9)
-    with pytest.raises(ValueError, match="reward_manager=batch .* custom_reward_function.path"):
+    with pytest.raises(ValueError, match="reward_manager=batch .* custom_reward_function.path.*reward_model"):
         RewardManager(kind="batch")
 
 

@@ -63,8 +63,13 @@ class RewardManager:
         overlong_buffer_enable: bool = False,
         overlong_buffer_len: int = 0,
         overlong_penalty_factor: float = 1.0,
+        reward_model_scores: bool = False,
     ) -> None:
-        """Configure the manager; ``compute_score`` defaults to the built-in scorers by data source."""
+        """Configure the manager; ``compute_score`` defaults to the built-in scorers by data source.
+
+        ``reward_model_scores``: a reward model scores every batch (``reward_model.enable``), so the
+        manager returns its ``rm_scores`` and a batch manager needs no user function.
+        """
         if kind not in KINDS:
             raise ValueError(
                 f"reward_model.reward_manager={kind!r} is not known; use one of {', '.join(KINDS)}."
@@ -80,11 +85,12 @@ class RewardManager:
                     f"reward_model.overlong_buffer.len={overlong_buffer_len} must be between 1 and "
                     f"data.max_response_length={max_response_length}; set it in that range."
                 )
-        if kind == "batch" and compute_score is None:
+        if kind == "batch" and compute_score is None and not reward_model_scores:
             raise ValueError(
                 "reward_model.reward_manager=batch calls a user function once per batch with lists "
                 "(data_sources, solution_strs, ground_truths, extra_infos): set custom_reward_function.path "
-                "to a file with such a function, or use reward_manager=naive for the built-in scorers."
+                "to a file with such a function, use reward_manager=naive for the built-in scorers, or "
+                "score with a reward model (reward_model.enable=true)."
             )
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
@@ -118,6 +124,7 @@ class RewardManager:
             overlong_buffer_enable=bool(getattr(buffer, "enable", False)),
             overlong_buffer_len=int(getattr(buffer, "len", 0) or 0),
             overlong_penalty_factor=float(getattr(buffer, "penalty_factor", 1.0)),
+            reward_model_scores=bool(getattr(reward_model, "enable", False)),
         )
 
     def __call__(self, data: Any, tokenizer: Any = None, return_dict: bool = False) -> Any:
