@@ -195,6 +195,8 @@ def _full_kwargs(rewards: torch.Tensor, **over: object) -> dict[str, object]:
         epsilon=EPS,
         norm_adv_by_std_in_grpo=True,
         config=None,
+        old_log_probs=-torch.linspace(0.5, 3.0, BS * T).reshape(BS, T),
+        ref_log_prob=torch.full((BS, T), -1.5),
     )
     kwargs.update(over)
     return kwargs
@@ -331,7 +333,8 @@ def test_fully_masked_batch_gives_zeros_not_nan() -> None:
     for name in sorted(ADV_ESTIMATOR_REGISTRY):
         adv, ret = get_adv_estimator_fn(name)(
             token_level_rewards=torch.zeros(4, 3), response_mask=mask, index=np.array(["x", "x", "y", "z"]),
-            values=torch.zeros(4, 3), reward_baselines=torch.zeros(4),
+            values=torch.zeros(4, 3), reward_baselines=torch.zeros(4), old_log_probs=torch.zeros(4, 3),
+            ref_log_prob=torch.zeros(4, 3),
         )
         assert torch.equal(adv, torch.zeros(4, 3)) and torch.equal(ret, torch.zeros(4, 3)), name
 

@@ -177,7 +177,7 @@ def test_defaults_are_valid_and_derived_helpers() -> None:
 
 
 def test_known_name_constants() -> None:
-    """The exported name tuples carry verl's spellings."""
+    """The exported name tuples carry verl's spellings (online_dpo is ours: verl has no such estimator)."""
     assert ADV_ESTIMATORS == (
         "gae",
         "grpo",
@@ -187,6 +187,7 @@ def test_known_name_constants() -> None:
         "reinforce_plus_plus_baseline",
         "opo",
         "gpg",
+        "online_dpo",
     )
     assert POLICY_LOSSES == ("vanilla", "gspo", "gpg", "cispo")
     assert "low_var_kl+" in KL_PENALTIES and len(KL_PENALTIES) == 11

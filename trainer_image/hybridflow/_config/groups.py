@@ -57,6 +57,11 @@ class AlgorithmConfig(Section):
     kl_penalty: KlPenalty = Field(default="kl", description="KL estimator for the in-reward penalty.")
     kl_ctrl: KlCtrl = Field(default_factory=KlCtrl, description="KL coefficient controller.")
     filter_groups: FilterGroups = Field(default_factory=FilterGroups, description="DAPO dynamic sampling.")
+    dpo_beta: float = Field(
+        default=0.1,
+        gt=0,
+        description="online_dpo: beta of the DPO loss (how far the policy may move from the reference).",
+    )
 
 
 class DataConfig(Section):

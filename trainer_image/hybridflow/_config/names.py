@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 AdvEstimator = Literal[
-    "gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg"
+    "gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
+    "online_dpo",
 ]
 PolicyLoss = Literal["vanilla", "gspo", "gpg", "cispo"]
 KlPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+"]
@@ -23,7 +24,7 @@ FilterGroupMetric = Literal["acc", "score", "seq_reward", "seq_final_reward"]
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 """Advantage estimators (`algorithm.adv_estimator`)."""
 
-GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline")
+GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline", "online_dpo")
 """Estimators whose baseline comes from the other responses to the same prompt: need `rollout.n > 1`."""
 
 POLICY_LOSSES: tuple[str, ...] = get_args(PolicyLoss)

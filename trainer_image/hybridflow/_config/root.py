@@ -81,8 +81,12 @@ class HybridFlowConfig(Section):
 
     @property
     def ref_enabled(self) -> bool:
-        """Whether a reference policy is needed: a KL loss or a KL penalty in the reward."""
-        return self.actor_rollout_ref.actor.use_kl_loss or self.algorithm.use_kl_in_reward
+        """Whether a reference policy is needed: a KL loss, a KL penalty in the reward, or online DPO."""
+        return (
+            self.actor_rollout_ref.actor.use_kl_loss
+            or self.algorithm.use_kl_in_reward
+            or self.algorithm.adv_estimator == "online_dpo"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain nested data (JSON types); `parse_config` of it gives an equal config."""

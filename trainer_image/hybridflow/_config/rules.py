@@ -166,6 +166,24 @@ def _algorithm(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.n: {est} compares several responses per prompt, so it needs n > 1 (got {n}); "
             "set e.g. actor_rollout_ref.rollout.n=8"
         )
+    if est == "online_dpo":
+        actor = cfg.actor_rollout_ref.actor
+        if actor.loss_agg_mode != "seq-mean-token-sum":
+            out.append(
+                f"actor_rollout_ref.actor.loss_agg_mode: online_dpo weighs whole responses (the DPO loss reads "
+                f"sequence log-probs), so it needs seq-mean-token-sum (got {actor.loss_agg_mode}); set "
+                "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"
+            )
+        if cfg.algorithm.use_kl_in_reward:
+            out.append(
+                "algorithm.use_kl_in_reward: online_dpo pairs responses by their scores and keeps the policy near "
+                "the reference through its own loss (algorithm.dpo_beta); set use_kl_in_reward=false"
+            )
+        if actor.policy_loss.loss_mode != "vanilla":
+            out.append(
+                f"actor_rollout_ref.actor.policy_loss.loss_mode: online_dpo's weights give the DPO gradient through "
+                f"the vanilla policy loss only (got {actor.policy_loss.loss_mode}); set it to vanilla"
+            )
     if est == "gae" and cfg.critic.enable is False:
         out.append(
             "critic.enable: gae needs a critic (value estimates); set critic.enable=true (or null), "

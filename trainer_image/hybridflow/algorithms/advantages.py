@@ -2,8 +2,8 @@
 
 Every estimator has the same signature: it accepts the whole keyword set ``token_level_rewards,
 response_mask, index, epsilon, norm_adv_by_std_in_grpo, config, values, reward_baselines, gamma,
-lam`` (plus ``**kwargs``) and returns ``(advantages, returns)``, both ``(bs, response_length)`` and
-zero outside ``response_mask``. ``index`` holds one group id (the prompt's uid) per sample, as a
+lam, old_log_probs, ref_log_prob`` (plus ``**kwargs``) and returns ``(advantages, returns)``, both
+``(bs, response_length)`` and zero outside ``response_mask``. ``index`` holds one group id (the prompt's uid) per sample, as a
 numpy array like verl's ``non_tensor_batch["uid"]``. Explicit arguments win over ``config``
 (the ``algorithm`` config: ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``). Call by keyword.
 """
@@ -11,6 +11,7 @@ numpy array like verl's ``non_tensor_batch["uid"]``. Explicit arguments win over
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -34,6 +35,7 @@ class AdvantageEstimator(str, Enum):
     RLOO = "rloo"
     OPO = "opo"
     GPG = "gpg"
+    ONLINE_DPO = "online_dpo"
 
 
 ADV_ESTIMATOR_REGISTRY: dict[str, AdvEstimatorFn] = {}
@@ -354,3 +356,99 @@ def compute_remax_outcome_advantage(
     returns = (token_level_rewards.to(dtype) * mask).flip(-1).cumsum(-1).flip(-1)
     adv = (returns - reward_baselines.to(dtype).reshape(-1, 1)) * mask
     return adv.to(token_level_rewards.dtype), returns.to(token_level_rewards.dtype)
+
+
+@dataclass(frozen=True)
+class PreferencePairs:
+    """One (chosen, rejected) pair per group whose scores differ, and the DPO margin of each pair.
+
+    ``margin`` is beta times the difference of the implicit rewards, (log pi(chosen) - log ref(chosen))
+    - (log pi(rejected) - log ref(rejected)), with sequence log-probs summed over the response.
+    """
+
+    chosen: torch.Tensor  # (pairs,) row indices
+    rejected: torch.Tensor  # (pairs,) row indices
+    margin: torch.Tensor  # (pairs,)
+
+    def loss(self) -> torch.Tensor:
+        """The mean DPO loss -log sigmoid(margin) over the pairs (0 without pairs)."""
+        if self.margin.numel() == 0:
+            return self.margin.new_zeros(())
+        return -torch.nn.functional.logsigmoid(self.margin).mean()
+
+
+def preference_pairs(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | np.ndarray | None,
+    log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    beta: float,
+) -> PreferencePairs:
+    """Pair each group's best-scored response (chosen) with its worst (rejected); ties go to the first row.
+
+    Groups whose responses all score the same carry no preference and give no pair (as in online DPO,
+    Guo et al. 2024, arXiv 2402.04792, a pair is only formed when the judge prefers one response).
+    Log-probs are per token, ``(bs, response_length)``, and summed over ``response_mask``.
+    """
+    dtype = torch.float64 if token_level_rewards.dtype == torch.float64 else torch.float32
+    mask = response_mask.to(dtype)
+    scores = token_level_rewards.to(dtype).sum(dim=-1)
+    group, n_groups = _group_ids("online_dpo", index, scores.shape[0], scores.device)
+    chosen, rejected = [], []
+    for g in range(n_groups):
+        rows = torch.nonzero(group == g).flatten()
+        best, worst = rows[torch.argmax(scores[rows])], rows[torch.argmin(scores[rows])]
+        if scores[best] > scores[worst]:
+            chosen.append(int(best))
+            rejected.append(int(worst))
+    c = torch.tensor(chosen, dtype=torch.long, device=scores.device)
+    r = torch.tensor(rejected, dtype=torch.long, device=scores.device)
+    implicit = ((log_probs.to(dtype) - ref_log_probs.to(dtype)) * mask).sum(dim=-1)
+    return PreferencePairs(c, r, beta * (implicit[c] - implicit[r]))
+
+
+@register_adv_est(AdvantageEstimator.ONLINE_DPO)
+@torch.no_grad()
+def compute_online_dpo_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[Any] | np.ndarray | None = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool | None = None,
+    config: Any = None,
+    values: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+    gamma: float | None = None,
+    lam: float | None = None,
+    old_log_probs: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online DPO as per-sequence weights on the policy gradient.
+
+    The DPO loss of a pair, -log sigmoid(m) with m = beta ((s_c - ref_c) - (s_r - ref_r)) and s the
+    sequence log-prob, has gradient -beta sigmoid(-m) (grad s_c - grad s_r). So the chosen response
+    gets advantage +beta sigmoid(-m), the rejected one -beta sigmoid(-m), every other response 0, all
+    scaled by rows / pairs: a policy-gradient loss summed over each response's tokens and averaged
+    over the rows (``loss_agg_mode=seq-mean-token-sum``, ratio 1 at the step's first update) then has
+    exactly the gradient of the mean DPO loss over the batch's pairs (Rafailov et al. 2023,
+    arXiv 2305.18290; online sampling and pairing as Guo et al. 2024, arXiv 2402.04792). Later
+    mini-batches or epochs of the same step keep these weights, with PPO's clip bounding the drift.
+    """
+    _check_shapes("online_dpo", token_level_rewards, response_mask)
+    if old_log_probs is None or ref_log_prob is None:
+        raise ValueError(
+            "online_dpo needs `old_log_probs` and `ref_log_prob` (bs, response_length): the policy's and the "
+            "reference's log-probs of the responses, which the trainer computes when "
+            "algorithm.adv_estimator=online_dpo."
+        )
+    beta = float(kwargs.get("beta") or cfg_get(config, "dpo_beta", 0.1))
+    pairs = preference_pairs(token_level_rewards, response_mask, index, old_log_probs, ref_log_prob, beta)
+    rows = token_level_rewards.shape[0]
+    adv = torch.zeros(rows, dtype=pairs.margin.dtype, device=token_level_rewards.device)
+    if pairs.chosen.numel():
+        weight = beta * torch.sigmoid(-pairs.margin) * rows / pairs.chosen.numel()
+        adv[pairs.chosen] = weight
+        adv[pairs.rejected] = -weight
+    return _outcome(adv, response_mask, token_level_rewards)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.algorithms import get_adv_estimator_fn, kl_penalty, masked_mean
+from hybridflow.algorithms import get_adv_estimator_fn, kl_penalty, masked_mean, preference_pairs
 from hybridflow.protocol import DataProto, response_mask_of
 
 
@@ -53,10 +53,33 @@ def compute_advantage(batch: DataProto, algorithm_cfg: Any, actor_cfg: Any = Non
         lam=algorithm_cfg.lam,
         norm_adv_by_std_in_grpo=algorithm_cfg.norm_adv_by_std_in_grpo,
         config=algorithm_cfg,
+        old_log_probs=batch.batch.get("old_log_probs"),
+        ref_log_prob=batch.batch.get("ref_log_prob"),
     )
     batch.batch["advantages"] = advantages
     batch.batch["returns"] = returns
     return batch
+
+
+def online_dpo_metrics(batch: DataProto, beta: float) -> dict[str, float]:
+    """The step's preference pairs as TRL's online DPO reports them: the DPO loss before the update, how
+    many pairs, the mean margin beta x (implicit reward of chosen - of rejected) and the fraction of pairs
+    the policy already ranks right (margin > 0)."""
+    pairs = preference_pairs(
+        batch.batch["token_level_rewards"],
+        response_mask_of(batch),
+        batch.non_tensor_batch["uid"],
+        batch.batch["old_log_probs"],
+        batch.batch["ref_log_prob"],
+        beta,
+    )
+    n = pairs.margin.numel()
+    return {
+        "dpo/loss": float(pairs.loss()),
+        "dpo/pairs": float(n),
+        "dpo/margin_mean": float(pairs.margin.mean()) if n else 0.0,
+        "dpo/accuracy": float((pairs.margin > 0).double().mean()) if n else 0.0,
+    }
 
 
 def group_filter_metric(batch: DataProto, metric: str, extra_info: dict[str, list[Any]]) -> np.ndarray:

@@ -73,11 +73,12 @@ def needs_old_log_prob_pass(config: Any) -> bool:
     Not when the update is on-policy, i.e. one PPO epoch over one mini-batch (ppo_mini_batch_size
     >= train_batch_size), and no KL-in-reward reads them: the actor then uses its own detached
     log-probs, the same loss and gradient (see `hybridflow.engines.actor`), and a step saves one
-    forward pass over the batch.
+    forward pass over the batch. Online DPO's weights read them too.
     """
     actor = config.actor_rollout_ref.actor
     on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= config.data.train_batch_size
-    return not on_policy or bool(config.algorithm.use_kl_in_reward)
+    reads_them = config.algorithm.use_kl_in_reward or config.algorithm.adv_estimator == "online_dpo"
+    return not on_policy or bool(reads_them)
 
 
 class RayPPOTrainer:
@@ -105,7 +106,7 @@ class RayPPOTrainer:
         self.algo = config.algorithm
         self.use_critic = workers.critic is not None
         self.use_rm = workers.reward_model is not None
-        self.use_reference = self.algo.use_kl_in_reward or config.actor_rollout_ref.actor.use_kl_loss
+        self.use_reference = config.ref_enabled
         self.kl_ctrl = get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
         self.recompute_old_log_prob = needs_old_log_prob_pass(config)
         self.total_training_steps = compute_total_training_steps(config, len(train_dataloader))
@@ -319,6 +320,8 @@ class RayPPOTrainer:
         """KL-shaped rewards if configured, then advantages/returns from the configured estimator."""
         if self.kl_ctrl is not None:
             metrics.update(batch_ops.apply_kl_in_reward(batch, self.kl_ctrl, self.algo.kl_penalty))
+        if self.algo.adv_estimator == "online_dpo":
+            metrics.update(batch_ops.online_dpo_metrics(batch, self.algo.dpo_beta))
         return batch_ops.compute_advantage(batch, self.algo)
 
     def update_critic(self, batch: DataProto) -> dict[str, float]:
