@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from hybridflow.config import load_config
+from hybridflow.trainer.main_ppo import actor_role
 from hybridflow.trainer.ray_trainer import needs_old_log_prob_pass
 from hybridflow.workers.cpu_slots import cpu_share, cpu_threads
+from hybridflow.workers.fsdp_workers import ROLES
 
 
 def cfg(*overrides: str):  # noqa: ANN201 - the config model
@@ -28,6 +30,23 @@ def cfg(*overrides: str):  # noqa: ANN201 - the config model
 )
 def test_old_log_prob_pass_only_when_the_update_is_off_policy(overrides: list[str], expected: bool) -> None:
     assert needs_old_log_prob_pass(cfg(*overrides)) is expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "role"),
+    [
+        ([], "actor_rollout"),  # no KL, no DPO: no reference model is loaded
+        (["actor_rollout_ref.actor.use_kl_loss=true"], "actor_rollout_ref"),
+        (["algorithm.use_kl_in_reward=true"], "actor_rollout_ref"),
+        (["algorithm.adv_estimator=online_dpo", "actor_rollout_ref.rollout.n=2",
+          "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum"], "actor_rollout_ref"),
+        (["trainer.placement=split"], "actor"),
+        (["trainer.placement=split", "actor_rollout_ref.actor.use_kl_loss=true"], "actor_ref"),
+    ],
+)
+def test_the_actor_group_holds_a_reference_only_when_it_is_read(overrides: list[str], role: str) -> None:
+    assert actor_role(cfg(*overrides)) == role
+    assert role in ROLES
 
 
 @pytest.mark.parametrize(

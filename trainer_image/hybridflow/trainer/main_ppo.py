@@ -46,6 +46,13 @@ def init_ray(cfg: HybridFlowConfig) -> None:
         ray.init(num_cpus=cfg.trainer.ray_init.num_cpus, include_dashboard=False, runtime_env=runtime_env)
 
 
+def actor_role(cfg: HybridFlowConfig) -> str:
+    """The actor group's role: the rollout joins it when colocated, the reference only when something reads
+    its log-probs (`ref_enabled`), so a run without KL or DPO keeps no second copy of the model."""
+    parts = ["actor", *([] if cfg.trainer.placement == "split" else ["rollout"]), *(["ref"] if cfg.ref_enabled else [])]
+    return "_".join(parts)
+
+
 def build_worker_groups(cfg: HybridFlowConfig) -> Any:
     """Create the actor(+rollout+ref) group, a critic group for GAE, a reward-model group when enabled,
     and a rollout group when split; critic and reward model share the actor's slots (global pool)."""
@@ -69,10 +76,9 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
         # Each colocated group takes 1 / max_colocate_count of a slot: the actor, the critic, the reward model.
         max_colocate_count=max(2, 1 + int(cfg.critic_enabled) + int(cfg.reward_model.enable)),
     )
-    actor_role = "actor_ref" if split else "actor_rollout_ref"
     actor = RayWorkerGroup(
         manager.get_resource_pool("actor_rollout_ref"),
-        RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role=actor_role),
+        RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role=actor_role(cfg)),
         name_prefix="actor",
     )
     actor.init_model()
