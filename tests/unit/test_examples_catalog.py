@@ -100,6 +100,15 @@ def test_drgrpo_drops_std_and_length_normalisation() -> None:
     assert cfg["actor_rollout_ref"]["actor"]["loss_agg_mode"] == "seq-mean-token-sum-norm"
 
 
+def test_online_dpo_pairs_samples_against_the_reference_on_policy() -> None:
+    cfg = _config("rljob_online_dpo_gsm8k.yaml")
+    actor = cfg["actor_rollout_ref"]["actor"]
+    assert cfg["algorithm"]["adv_estimator"] == "online_dpo" and cfg["algorithm"]["dpo_beta"] > 0
+    assert actor["loss_agg_mode"] == "seq-mean-token-sum"
+    assert actor["ppo_mini_batch_size"] == cfg["data"]["train_batch_size"]  # one update: the exact DPO gradient
+    assert cfg["actor_rollout_ref"]["rollout"]["n"] >= 2
+
+
 def _gpus_requested(rayjob: dict[str, Any]) -> int:
     """GPUs the RayCluster of a RayJob asks Kubernetes for, over all worker pods."""
     total = 0
