@@ -107,10 +107,15 @@ def test_step_metrics_before_any_update() -> None:
         "dpo/pairs": 2.0,
         "dpo/margin_mean": 0.0,
         "dpo/accuracy": 0.0,
+        "dpo/kl": 0.0,
     }
     batch.batch["old_log_probs"] = lp + 0.1 * mask * torch.tensor(SCORES).unsqueeze(-1)  # chosen rows gained
     moved = batch_ops.online_dpo_metrics(batch, BETA)
     assert moved["dpo/accuracy"] == 1.0 and moved["dpo/margin_mean"] > 0 and moved["dpo/loss"] < math.log(2)
+    # per-token KL estimate: 0.1 x score on every valid token of each response, averaged over the tokens
+    lengths = torch.tensor(LENGTHS, dtype=torch.float32)
+    expected_kl = float((0.1 * torch.tensor(SCORES) * lengths).sum() / lengths.sum())
+    assert moved["dpo/kl"] == pytest.approx(expected_kl, abs=1e-6)
 
 
 def online_dpo(*overrides: str):  # noqa: ANN201 - the config model

@@ -19,6 +19,7 @@ from hybridflow.tracking import Tracking
         ({"critic/score/mean": 0.5, "critic/rewards/mean": 0.1}, {"reward_mean": 0.5}),
         ({"critic/rewards/mean": 0.1}, {"reward_mean": 0.1}),
         ({"actor/ppo_kl": 0.3, "actor/kl_loss": 0.02}, {"kl": 0.02}),  # reference KL wins
+        ({"actor/ppo_kl": 0.0, "dpo/kl": 0.05}, {"kl": 0.05}),  # online DPO: the KL from the reference
         ({"actor/ppo_kl": 0.3}, {"kl": 0.3}),
         ({"critic/score/mean": None, "perf/throughput": 1200.0, "timing_s/step": 2.5, "actor/entropy": 1.1,
           "response_length/mean": 17.0},

@@ -55,6 +55,12 @@ def test_console_line_has_the_watched_numbers_and_eta() -> None:
     assert "40%" in line and "ETA 0:00:12" in line  # 6 steps left x 2 s
 
 
+def test_console_kl_is_the_reference_kl_when_there_is_one() -> None:
+    """The console's kl is the number the status and Prometheus show (progress.summarize_metrics)."""
+    line = tracking.format_console_line({"actor/ppo_kl": 0.3, "actor/kl_loss": 0.02}, 1, None, None)
+    assert "kl 0.0200" in line
+
+
 def test_console_eta_uses_mean_step_time_and_val_metrics() -> None:
     stream = io.StringIO()
     logger = tracking.ConsoleLogger(total_steps=4, stream=stream)

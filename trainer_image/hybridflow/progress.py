@@ -32,10 +32,10 @@ PROGRESS_FILE = "progress.json"
 ATTEMPT_ENV = "HYBRIDFLOW_ATTEMPT"
 
 # Summary name -> verl metric keys, first present wins. KL prefers the divergence from the reference
-# policy (KL loss, or KL-in-reward) and falls back to the PPO old/new-policy KL.
+# policy (KL loss, KL-in-reward, or online DPO's estimate) and falls back to the PPO old/new-policy KL.
 SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
     "reward_mean": ("critic/score/mean", "critic/rewards/mean"),
-    "kl": ("actor/kl_loss", "critic/kl", "actor/ppo_kl"),
+    "kl": ("actor/kl_loss", "critic/kl", "dpo/kl", "actor/ppo_kl"),
     "entropy": ("actor/entropy",),
     "response_length_mean": ("response_length/mean",),
     "throughput_tokens_per_second": ("perf/throughput",),

@@ -18,6 +18,8 @@ from typing import Any, Protocol, TextIO
 
 import fsspec
 
+from hybridflow.progress import summarize_metrics
+
 BACKENDS = ("console", "file", "tensorboard", "wandb", "prometheus")
 FILE_LOGGER_ENV = "HYBRIDFLOW_FILE_LOGGER_PATH"
 METRICS_FILE = "metrics.jsonl"
@@ -44,13 +46,6 @@ def to_scalars(data: Mapping[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def _first(data: Mapping[str, float | None], *keys: str) -> float | None:
-    for key in keys:
-        if data.get(key) is not None:
-            return data[key]
-    return None
-
-
 def _fmt_seconds(seconds: float) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
@@ -61,16 +56,17 @@ def format_console_line(
     data: Mapping[str, float | None], step: int, total_steps: int | None, avg_step_s: float | None
 ) -> str:
     """Build the one readable line per step: the numbers a person watches, then a progress bar with ETA."""
+    summary = summarize_metrics(data)  # the same numbers as progress.json, Prometheus and the RLJob status
     fields = [
-        ("reward", _first(data, "critic/score/mean", "critic/rewards/mean"), "{:.3f}"),
-        ("kl", _first(data, "actor/ppo_kl", "actor/kl_loss", "critic/kl"), "{:.4f}"),
-        ("entropy", _first(data, "actor/entropy"), "{:.3f}"),
-        ("resp_len", _first(data, "response_length/mean"), "{:.1f}"),
-        ("tok/s", _first(data, "perf/throughput"), "{:.0f}"),
-        ("step_s", _first(data, "timing_s/step"), "{:.2f}"),
+        ("reward", "reward_mean", "{:.3f}"),
+        ("kl", "kl", "{:.4f}"),
+        ("entropy", "entropy", "{:.3f}"),
+        ("resp_len", "response_length_mean", "{:.1f}"),
+        ("tok/s", "throughput_tokens_per_second", "{:.0f}"),
+        ("step_s", "step_seconds", "{:.2f}"),
     ]
     parts = [f"step {step}" + (f"/{total_steps}" if total_steps else "")]
-    parts += [f"{name} {fmt.format(value)}" for name, value, fmt in fields if value is not None]
+    parts += [f"{name} {fmt.format(summary[key])}" for name, key, fmt in fields if key in summary]
     val = sorted((k.removeprefix("val-core/"), v) for k, v in data.items() if k.startswith("val-core/"))
     parts += [f"val {name} {value:.3f}" for name, value in val if value is not None]
     if total_steps:

@@ -64,10 +64,12 @@ def compute_advantage(batch: DataProto, algorithm_cfg: Any, actor_cfg: Any = Non
 def online_dpo_metrics(batch: DataProto, beta: float) -> dict[str, float]:
     """The step's preference pairs as TRL's online DPO reports them: the DPO loss before the update, how
     many pairs, the mean margin beta x (implicit reward of chosen - of rejected) and the fraction of pairs
-    the policy already ranks right (margin > 0)."""
+    the policy already ranks right (margin > 0); and `dpo/kl`, the policy's per-token KL from the
+    reference on the batch's responses (k1 estimate, what `kl` shows in the console and the status)."""
+    mask = response_mask_of(batch)
     pairs = preference_pairs(
         batch.batch["token_level_rewards"],
-        response_mask_of(batch),
+        mask,
         batch.non_tensor_batch["uid"],
         batch.batch["old_log_probs"],
         batch.batch["ref_log_prob"],
@@ -79,6 +81,7 @@ def online_dpo_metrics(batch: DataProto, beta: float) -> dict[str, float]:
         "dpo/pairs": float(n),
         "dpo/margin_mean": float(pairs.margin.mean()) if n else 0.0,
         "dpo/accuracy": float((pairs.margin > 0).double().mean()) if n else 0.0,
+        "dpo/kl": float(masked_mean(batch.batch["old_log_probs"] - batch.batch["ref_log_prob"], mask)),
     }
 
 
