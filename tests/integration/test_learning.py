@@ -68,6 +68,7 @@ def test_online_dpo_learns_the_toy_task(tmp_path: Path) -> None:
     assert last > first + 0.2, f"online DPO should learn to copy a letter: reward {first:.2f} -> {last:.2f}"
     assert train[-1]["dpo/pairs"] > 0 and train[-1]["dpo/accuracy"] > 0.5  # the policy ranks most pairs right
     assert train[-1]["dpo/margin_mean"] > 0
+    assert train[0]["dpo/kl"] == pytest.approx(0.0, abs=1e-6) and train[-1]["dpo/kl"] > 0  # moved off the reference
     val = [r for r in rows if any(k.startswith("val-core/") for k in r)]
     key = "val-core/toy/copy/reward/mean@1"
     assert val[-1][key] > val[0][key] + 0.3
