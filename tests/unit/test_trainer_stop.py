@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +21,15 @@ from hybridflow.trainer.ray_trainer import RayPPOTrainer, WorkerGroups
 class RecordingTrainer(RayPPOTrainer):
     """fit() over fake steps: records which steps ran and which were checkpointed."""
 
-    def __init__(self, signal_at: tuple[int, str]) -> None:
+    def __init__(self, signal_at: tuple[int, str], run_dir: Path) -> None:
         config = load_config(
-            None, ["trainer.total_training_steps=5", "trainer.save_freq=-1", "trainer.logger=[console]"]
+            None,
+            [
+                "trainer.total_training_steps=5",
+                "trainer.save_freq=-1",
+                "trainer.logger=[console]",
+                f"trainer.default_local_dir={run_dir}",  # the progress record goes here
+            ],
         )
         config.trainer.val_before_train = False
         self.messages: list[str] = []
@@ -63,9 +70,9 @@ class RecordingTrainer(RayPPOTrainer):
     ],
 )
 def test_the_step_a_sigterm_stops_at_is_checkpointed(
-    monkeypatch: pytest.MonkeyPatch, signal_at: tuple[int, str], stops_at: int
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, signal_at: tuple[int, str], stops_at: int
 ) -> None:
-    trainer = RecordingTrainer(signal_at)
+    trainer = RecordingTrainer(signal_at, tmp_path)
     real_log = Tracking.log
 
     def log(self: Tracking, data: dict[str, Any], step: int) -> None:
@@ -81,8 +88,8 @@ def test_the_step_a_sigterm_stops_at_is_checkpointed(
     assert signal.getsignal(signal.SIGTERM) is before  # fit() puts the previous handler back
 
 
-def test_without_a_signal_the_run_goes_to_the_end() -> None:
-    trainer = RecordingTrainer((0, "never"))
+def test_without_a_signal_the_run_goes_to_the_end(tmp_path: Path) -> None:
+    trainer = RecordingTrainer((0, "never"), tmp_path)
     assert trainer.fit() == 5
     assert trainer.steps == [1, 2, 3, 4, 5]
     assert trainer.saved == []  # save_freq=-1: no periodic saves
