@@ -236,7 +236,41 @@ def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | N
     }
 
 
+def with_pod_defaults(rljob: api.RLJob, defaults: api.PodSpec) -> api.RLJob:
+    """A copy of `rljob` whose spec.pod is the operator's pod defaults under the job's own settings.
+
+    The job wins wherever it sets something: single values (affinity, priorityClassName, schedulerName,
+    serviceAccountName) are the job's when set; nodeSelector, labels and annotations merge key by key;
+    env merges by variable name; tolerations and envFrom are the defaults' followed by the job's own
+    (a default toleration cannot be taken away by a job, only added to).
+    """
+    pod, base = rljob.spec.pod, defaults
+    own_env = {e.name for e in pod.env}
+    merged = api.PodSpec(
+        node_selector={**base.node_selector, **pod.node_selector},
+        tolerations=_union(base.tolerations, pod.tolerations),
+        affinity=pod.affinity if pod.affinity is not None else copy.deepcopy(base.affinity),
+        priority_class_name=pod.priority_class_name or base.priority_class_name,
+        scheduler_name=pod.scheduler_name or base.scheduler_name,
+        service_account_name=pod.service_account_name or base.service_account_name,
+        env=[e for e in base.env if e.name not in own_env] + list(pod.env),
+        env_from=_union(base.env_from, pod.env_from),
+        labels={**base.labels, **pod.labels},
+        annotations={**base.annotations, **pod.annotations},
+    )
+    return rljob.model_copy(update={"spec": rljob.spec.model_copy(update={"pod": merged})})
+
+
+def _union(first: list[Any], second: list[Any]) -> list[Any]:
+    return first + [item for item in second if item not in first]
+
+
 def build_children(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | None = None, *,
-                   default_image: str = api.DEFAULT_IMAGE) -> list[dict[str, Any]]:
-    """Every child of an RLJob for one attempt, in apply order: the ConfigMap, then the RayJob (`annotations`)."""
+                   default_image: str = api.DEFAULT_IMAGE,
+                   pod_defaults: api.PodSpec | None = None) -> list[dict[str, Any]]:
+    """Every child of an RLJob for one attempt, in apply order: the ConfigMap, then the RayJob (`annotations`).
+
+    `default_image` and `pod_defaults` are the operator's defaults for what the RLJob leaves unset."""
+    if pod_defaults is not None:
+        rljob = with_pod_defaults(rljob, pod_defaults)
     return [build_configmap(rljob), build_rayjob(rljob, attempt, annotations, default_image=default_image)]

@@ -19,6 +19,7 @@ import yaml
 
 from rljob_operator import api, changes
 from rljob_operator.builders import build_children
+from rljob_operator.settings import parse_pod_defaults
 from rljob_operator.validation import ValidationReport, check_rljob
 
 #: Stands in for metadata.uid when rendering without a cluster (the API server assigns the real one).
@@ -193,7 +194,8 @@ def _attempt(text: str) -> int:
 
 
 def render_main(argv: list[str]) -> int:
-    """`rljob render -f FILE [--attempt N] [--trainer-image IMAGE]`: print every child manifest as YAML."""
+    """`rljob render -f FILE [--attempt N] [--trainer-image IMAGE] [--pod-defaults YAML]`: print every child
+    manifest as YAML."""
     parser = _manifest_parser(
         "rljob render",
         "Print the objects the operator would create for each RLJob (its ConfigMap and the "
@@ -204,7 +206,15 @@ def render_main(argv: list[str]) -> int:
     parser.add_argument("--trainer-image", metavar="IMAGE", default=api.DEFAULT_IMAGE,
                         help="the operator's default trainer image (its --trainer-image, the chart's trainerImage), "
                              f"used by RLJobs without spec.image (default {api.DEFAULT_IMAGE})")
+    parser.add_argument("--pod-defaults", metavar="YAML",
+                        help="the operator's pod defaults (its --pod-defaults, the chart's podDefaults), under "
+                             "each RLJob's own spec.pod")
     args = parser.parse_args(argv)
+    try:
+        pod_defaults = parse_pod_defaults("--pod-defaults", args.pod_defaults)
+    except ValueError as err:
+        print(f"rljob render: {err}", file=sys.stderr)
+        return 2
     manifests = _check_manifests(args.filename)
     if manifests is None:
         return 1
@@ -223,7 +233,8 @@ def render_main(argv: list[str]) -> int:
         if not rljob.metadata.uid:
             rljob.metadata.uid = PLACEHOLDER_UID
         notes = changes.attempt_annotations(item.doc, changes.checkpoint_location(item.doc))
-        rendered.extend(build_children(rljob, args.attempt, notes, default_image=args.trainer_image))
+        rendered.extend(build_children(rljob, args.attempt, notes, default_image=args.trainer_image,
+                                       pod_defaults=pod_defaults))
     if failed:
         return 1
     if not rendered:

@@ -87,7 +87,8 @@ class Runtime:
                     plan, written = await reconcile.reconcile(self.client, rljob, list(rayjobs),
                                                               datetime.datetime.now(datetime.timezone.utc),
                                                               progress=progress, stalled=stalled,
-                                                              default_image=self.settings.trainer_image)
+                                                              default_image=self.settings.trainer_image,
+                                                              pod_defaults=self.settings.pod_defaults)
             except Exception as err:
                 metrics.RECONCILE_ERRORS.labels(trigger=trigger, error=type(err).__name__).inc()
                 raise

@@ -96,12 +96,14 @@ def _status_patch(old: Obj, new: Obj) -> Obj:
 
 async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: datetime.datetime, *,
                     progress: Obj | None = None, stalled: str | None = None,
-                    default_image: str = api.DEFAULT_IMAGE) -> tuple[Plan, Obj]:
+                    default_image: str = api.DEFAULT_IMAGE,
+                    pod_defaults: api.PodSpec | None = None) -> tuple[Plan, Obj]:
     """Reconcile one RLJob given its observed RayJobs; returns the plan and the RLJob as last written/seen.
 
     `progress`: a status fragment from `read_progress` (progress/metrics/checkpoint) to write with the
     status. `stalled`: the stall message when the current attempt made no progress for the stall timeout.
-    `default_image`: the trainer image of a new attempt when the RLJob sets no `spec.image`.
+    `default_image`: the trainer image of a new attempt when the RLJob sets no `spec.image`;
+    `pod_defaults`: the operator's pod settings under the RLJob's own spec.pod (builders.with_pod_defaults).
     """
     meta = rljob["metadata"]
     ns, name = meta["namespace"], meta["name"]
@@ -115,7 +117,8 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
         model = api.RLJob.model_validate(rljob)
         if plan.checkpoint_uri is not None:  # a change of the location is refused: keep the pinned one
             model.spec.checkpoint.uri = plan.checkpoint_uri
-        configmap, rayjob = build_children(model, plan.attempt, plan.annotations, default_image=default_image)
+        configmap, rayjob = build_children(model, plan.attempt, plan.annotations, default_image=default_image,
+                                           pod_defaults=pod_defaults)
         existing = next((r for r in owned if attempt_of(r) == plan.attempt), None)
         # The ConfigMap is (re)applied when an attempt starts or the spec changed, not on every event.
         if existing is None or meta.get("generation") != (rljob.get("status") or {}).get("observedGeneration"):

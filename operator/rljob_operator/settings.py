@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from rljob_operator.api import DEFAULT_IMAGE
+import yaml
+from pydantic import ValidationError
+
+from rljob_operator.api import DEFAULT_IMAGE, PodSpec
+from rljob_operator.validation import pod_problems
 
 DEFAULT_PEERING = "rljob-operator"
 #: The trainer driver's /metrics through KubeRay's head Service ({cluster}: the RayJob's Ray cluster).
@@ -26,6 +30,7 @@ class Settings:
     resync_seconds: float = 60.0  # timer interval: level-based resync and progress reading
     trainer_metrics_url: str = TRAINER_METRICS_URL  # template: {cluster} {namespace} {port} {rljob}
     trainer_image: str = DEFAULT_IMAGE  # pods of RLJobs that set no spec.image
+    pod_defaults: PodSpec = field(default_factory=PodSpec)  # under every RLJob's spec.pod
     verbose: bool = False
 
     @property
@@ -71,6 +76,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer-image", metavar="IMAGE",
                    help=f"trainer image for RLJobs that set no spec.image (default {DEFAULT_IMAGE}; "
                         "env RLJOB_TRAINER_IMAGE), e.g. a mirror in your own registry")
+    p.add_argument("--pod-defaults", metavar="YAML",
+                   help="pod settings for every RLJob, in spec.pod's shape (YAML or JSON), e.g. "
+                        "'{serviceAccountName: rl-trainer, tolerations: [{key: nvidia.com/gpu, operator: Exists}]}'; "
+                        "an RLJob's own spec.pod wins where it sets something (env RLJOB_POD_DEFAULTS)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -109,9 +118,42 @@ def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Set
     if image is not None and (not image.strip() or any(c.isspace() for c in image.strip())):
         raise SystemExit(f"rljob operator: {source}={image!r} is not an image reference; give one like "
                          f"{DEFAULT_IMAGE}, or leave it unset for that default")
+    source, text = ("--pod-defaults", args.pod_defaults) if args.pod_defaults is not None else \
+        ("RLJOB_POD_DEFAULTS", env.get("RLJOB_POD_DEFAULTS"))
+    try:
+        pod_defaults = parse_pod_defaults(source, text)
+    except ValueError as err:
+        raise SystemExit(f"rljob operator: {err}") from None
     return Settings(namespaces=namespaces, peering=peering, priority=priority, peering_lifetime=lifetime,
                     metrics_port=port, resync_seconds=resync, trainer_metrics_url=metrics_url,
-                    trainer_image=image.strip() if image else DEFAULT_IMAGE, verbose=args.verbose)
+                    trainer_image=image.strip() if image else DEFAULT_IMAGE,
+                    pod_defaults=pod_defaults, verbose=args.verbose)
+
+
+def parse_pod_defaults(source: str, text: str | None) -> PodSpec:
+    """Pod defaults from YAML/JSON `text` in spec.pod's shape; ValueError naming `source` when it is wrong."""
+    if not text or not text.strip():
+        return PodSpec()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"{source} is not valid YAML or JSON ({err}); give a mapping in spec.pod's shape, "
+                         "e.g. {serviceAccountName: rl-trainer}") from None
+    if data is None:
+        return PodSpec()
+    try:
+        pod = PodSpec.model_validate(data)
+    except ValidationError as err:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors()
+        )
+        raise ValueError(f"{source}: {errors}. It takes the fields of an RLJob's spec.pod (nodeSelector, "
+                         "tolerations, affinity, priorityClassName, schedulerName, serviceAccountName, env, "
+                         "envFrom, labels, annotations)") from None
+    problems = pod_problems(pod, where=source)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return pod
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:

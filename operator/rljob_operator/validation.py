@@ -211,35 +211,41 @@ def _check_resources(rljob: api.RLJob, config: HybridFlowConfig | None, report: 
 
 
 def _check_pod(rljob: api.RLJob, report: ValidationReport) -> None:
-    pod = rljob.spec.pod
-    seen: set[str] = set()
-    for i, env in enumerate(pod.env):
-        path = f"spec.pod.env[{i}]"
-        if env.name in _BUILTIN_ENV:
-            report.errors.append(f"{path}.name: {env.name} is set by the operator; remove it")
-        if env.name in seen:
-            report.errors.append(f"{path}.name: {env.name} is defined twice; keep one")
-        seen.add(env.name)
-        if env.value is not None and env.value_from is not None:
-            report.errors.append(f"{path}: set value or valueFrom, not both")
-        if env.value_from is not None and len(env.value_from.model_dump(exclude_none=True)) != 1:
-            report.errors.append(f"{path}.valueFrom: set exactly one source (secretKeyRef, configMapKeyRef, ...)")
-    for i, source in enumerate(pod.env_from):
-        if (source.secret_ref is None) == (source.config_map_ref is None):
-            report.errors.append(f"spec.pod.envFrom[{i}]: set exactly one of secretRef or configMapRef")
-    for i, tol in enumerate(pod.tolerations):
-        if tol.operator == "Exists" and tol.value:
-            report.errors.append(f"spec.pod.tolerations[{i}].value: must be empty with operator Exists; remove it")
-        if tol.toleration_seconds is not None and tol.effect != "NoExecute":
-            report.errors.append(f"spec.pod.tolerations[{i}].tolerationSeconds: only applies to effect NoExecute")
-    for key, value in pod.labels.items():
-        if key in names.attempt_labels(rljob.metadata.name, 1) or key == names.LABEL_KUEUE_QUEUE:
-            report.errors.append(f"spec.pod.labels.{key}: set by the operator (it selects pods by it); remove it")
-        elif not _LABEL_VALUE.match(value) or len(value) > 63:
-            report.errors.append(f"spec.pod.labels.{key}: {value!r} is not a valid label value (<= 63 chars)")
+    report.errors.extend(pod_problems(rljob.spec.pod))
     queue = rljob.spec.queue_name
     if queue is not None and (not queue or not _LABEL_VALUE.match(queue) or len(queue) > 63):
         report.errors.append(f"spec.queueName: {queue!r} must be a LocalQueue name (a valid label value)")
+
+
+def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
+    """What is wrong with pod settings (an RLJob's spec.pod, or the operator's pod defaults at `where`)."""
+    problems: list[str] = []
+    seen: set[str] = set()
+    for i, env in enumerate(pod.env):
+        path = f"{where}.env[{i}]"
+        if env.name in _BUILTIN_ENV:
+            problems.append(f"{path}.name: {env.name} is set by the operator; remove it")
+        if env.name in seen:
+            problems.append(f"{path}.name: {env.name} is defined twice; keep one")
+        seen.add(env.name)
+        if env.value is not None and env.value_from is not None:
+            problems.append(f"{path}: set value or valueFrom, not both")
+        if env.value_from is not None and len(env.value_from.model_dump(exclude_none=True)) != 1:
+            problems.append(f"{path}.valueFrom: set exactly one source (secretKeyRef, configMapKeyRef, ...)")
+    for i, source in enumerate(pod.env_from):
+        if (source.secret_ref is None) == (source.config_map_ref is None):
+            problems.append(f"{where}.envFrom[{i}]: set exactly one of secretRef or configMapRef")
+    for i, tol in enumerate(pod.tolerations):
+        if tol.operator == "Exists" and tol.value:
+            problems.append(f"{where}.tolerations[{i}].value: must be empty with operator Exists; remove it")
+        if tol.toleration_seconds is not None and tol.effect != "NoExecute":
+            problems.append(f"{where}.tolerations[{i}].tolerationSeconds: only applies to effect NoExecute")
+    for key, value in pod.labels.items():
+        if key in names.attempt_labels("any", 1) or key == names.LABEL_KUEUE_QUEUE:
+            problems.append(f"{where}.labels.{key}: set by the operator (it selects pods by it); remove it")
+        elif not _LABEL_VALUE.match(value) or len(value) > 63:
+            problems.append(f"{where}.labels.{key}: {value!r} is not a valid label value (<= 63 chars)")
+    return problems
 
 
 def _check_checkpoint(rljob: api.RLJob, config: HybridFlowConfig | None, report: ValidationReport) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import pathlib
 import time
 import urllib.request
@@ -18,6 +19,8 @@ from tests.support.operator_proc import Operator, wait_for
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RLJ, RAY = "rl.hybridflow.dev/v1alpha1", "ray.io/v1"
 MIRROR = "registry.local/mirror/trainer:0.1.0"  # the operator's --trainer-image in this module
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists"}
+POD_DEFAULTS = json.dumps({"serviceAccountName": "rl-trainer", "tolerations": [GPU_TOLERATION]})  # --pod-defaults
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +32,8 @@ def kube() -> Iterator[KubeEmulator]:
 
 @pytest.fixture(scope="module")
 def operator(kube: KubeEmulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
-    op = Operator(kube, tmp_path_factory.mktemp("operator"), args=("--standalone", "-A", "--trainer-image", MIRROR))
+    op = Operator(kube, tmp_path_factory.mktemp("operator"),
+                  args=("--standalone", "-A", "--trainer-image", MIRROR, "--pod-defaults", POD_DEFAULTS))
     op.start()
     yield op
     op.stop()
@@ -86,14 +90,18 @@ def test_valid_job_gets_children_and_succeeds(kube: KubeEmulator, operator: Oper
     assert [r["metadata"]["name"] for r in kube.list(RAY, "rayjobs", labels="rl.hybridflow.dev/rljob=ok")] == ["ok-a1"]
 
 
-def test_pods_run_the_rljobs_image_or_the_operators_default(kube: KubeEmulator, operator: Operator) -> None:
+def test_pods_run_the_rljobs_image_or_the_operators_defaults(kube: KubeEmulator, operator: Operator) -> None:
     kube.create(RLJ, "rljobs", manifest("mirrored"), "default")
     kube.create(RLJ, "rljobs", manifest("pinned", image="team/trainer:dev"), "default")
     for name, image in (("mirrored", MIRROR), ("pinned", "team/trainer:dev")):
         cluster = wait_for(lambda n=name: kube.find(RAY, "rayjobs", f"{n}-a1"), f"RayJob {name}-a1")["spec"]["rayClusterSpec"]
         templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
         assert {c["image"] for t in templates for c in t["spec"]["containers"]} == {image}, name
-    assert "image" not in kube.get(RLJ, "rljobs", "mirrored")["spec"]  # the spec is not rewritten
+        for template in templates:  # the operator's pod defaults reach every pod
+            assert template["spec"]["serviceAccountName"] == "rl-trainer", name
+            assert GPU_TOLERATION in template["spec"]["tolerations"], name
+    mirrored = kube.get(RLJ, "rljobs", "mirrored")["spec"]
+    assert "image" not in mirrored and "serviceAccountName" not in mirrored.get("pod", {})  # the spec is not rewritten
 
 
 def test_failures_retry_with_resume_then_give_up(kube: KubeEmulator, operator: Operator) -> None:

@@ -160,6 +160,51 @@ def test_image_is_the_rljobs_or_the_operators_default(image: str | None, default
         assert _container(template)["image"] == expected
 
 
+POD_DEFAULTS = api.PodSpec.model_validate({
+    "serviceAccountName": "rl-trainer",
+    "priorityClassName": "rl-batch",
+    "nodeSelector": {"pool": "gpu", "zone": "a"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "env": [{"name": "NCCL_DEBUG", "value": "WARN"}, {"name": "HF_HOME", "value": "/cache"}],
+    "envFrom": [{"secretRef": {"name": "team-s3"}}],
+    "labels": {"team": "rl", "cost-center": "42"},
+})  # fmt: skip
+
+
+def test_pod_defaults_sit_under_the_rljobs_own_pod_settings() -> None:
+    own = {
+        "serviceAccountName": "special",
+        "nodeSelector": {"zone": "b"},
+        "tolerations": [{"key": "spot", "operator": "Exists"}],
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+        "labels": {"team": "search"},
+    }
+    children = builders.build_children(_rljob({}, pod=own), 1, pod_defaults=POD_DEFAULTS)
+    rayjob = next(c for c in children if c["kind"] == "RayJob")
+    for template in (_worker(rayjob)["template"], rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]):
+        pod, main = template["spec"], _container(template)
+        assert pod["serviceAccountName"] == "special"  # the job's own value wins
+        assert pod["priorityClassName"] == "rl-batch"  # unset in the job: the default
+        assert pod["nodeSelector"] == {"pool": "gpu", "zone": "b"}  # merged key by key
+        assert pod["tolerations"] == [  # the defaults', then the job's
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "spot", "operator": "Exists"},
+        ]
+        env = {e["name"]: e.get("value") for e in main["env"]}
+        assert env["NCCL_DEBUG"] == "INFO" and env["HF_HOME"] == "/cache"
+        assert [e["name"] for e in main["env"]].count("NCCL_DEBUG") == 1
+        assert main["envFrom"] == [{"secretRef": {"name": "team-s3"}}]
+        assert template["metadata"]["labels"]["team"] == "search"
+        assert template["metadata"]["labels"]["cost-center"] == "42"
+
+
+def test_without_pod_defaults_the_pods_are_the_jobs_alone() -> None:
+    rljob = _rljob({})
+    assert builders.build_children(rljob, 1, pod_defaults=api.PodSpec()) == builders.build_children(rljob, 1)
+    assert builders.with_pod_defaults(rljob, POD_DEFAULTS).spec.pod.service_account_name == "rl-trainer"
+    assert rljob.spec.pod.service_account_name is None  # the RLJob itself is not changed
+
+
 def test_secret_ref_is_passed_by_reference_only() -> None:
     spec, config, *_ = VARIANTS["secret-ref"]
     rayjob = builders.build_rayjob(_rljob(config, **spec), 1)

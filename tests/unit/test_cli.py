@@ -140,6 +140,29 @@ def test_render_uses_the_operators_default_image_unless_the_rljob_pins_one(tmp_p
     assert images == ["mirror.local/trainer:0.1.0", "team/t:1"]
 
 
+def test_render_applies_the_operators_pod_defaults(tmp_path: Path, capsys) -> None:
+    defaults = "{serviceAccountName: rl-trainer, tolerations: [{key: nvidia.com/gpu, operator: Exists}]}"
+    assert cli.main(["render", "-f", str(CPU_EXAMPLE), "--pod-defaults", defaults]) == 0
+    (rayjob,) = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d["kind"] == "RayJob"]
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["serviceAccountName"] == "rl-trainer"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in head["tolerations"]
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        ("{serviceAcountName: x}", "serviceAcountName: Extra inputs are not permitted"),
+        ("{tolerations: [{key: a, operator: Exists, value: b}]}", "tolerations[0].value: must be empty"),
+        ("[unclosed", "not valid YAML or JSON"),
+    ],
+)
+def test_render_refuses_bad_pod_defaults(defaults: str, message: str, capsys) -> None:
+    assert cli.main(["render", "-f", str(CPU_EXAMPLE), "--pod-defaults", defaults]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rljob render: --pod-defaults") and message in err
+
+
 def test_render_keeps_a_real_uid(tmp_path: Path, capsys) -> None:
     job = yaml.safe_load(CPU_EXAMPLE.read_text())
     job["metadata"]["uid"] = "1234-real"

@@ -128,11 +128,13 @@ def _env(container: dict[str, Any]) -> dict[str, str]:
     {**NAMESPACED, "operator": {"peering": {"enabled": False}, "resyncSeconds": 15, "metricsPort": 9090}},
     {"replicaCount": 3, "operator": {"peering": {"name": "team", "lifetime": 20}, "verbose": True,
                                      "extraArgs": ["--resync-seconds=5"]},
-     "trainerImage": "registry.local/mirror/trainer:0.1.0"},
+     "trainerImage": "registry.local/mirror/trainer:0.1.0",
+     "podDefaults": {"serviceAccountName": "rl-trainer", "nodeSelector": {"pool": "gpu a"},
+                     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}},
 ], ids=["standalone-namespaced", "peering-replicas"])  # fmt: skip
 def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Path, values: dict[str, Any]) -> None:
     """Every rendered flag exists in rljob_operator.settings and means what the values say."""
-    from rljob_operator.api import DEFAULT_IMAGE
+    from rljob_operator.api import DEFAULT_IMAGE, PodSpec
     from rljob_operator.settings import parse_settings
 
     (container,) = _deployment(render(helm, chart, values))["spec"]["template"]["spec"]["containers"]
@@ -150,6 +152,7 @@ def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Pa
     assert settings.resync_seconds == operator.get("resyncSeconds", 5 if operator.get("extraArgs") else 60)
     assert settings.verbose == operator.get("verbose", False)
     assert settings.trainer_image == values.get("trainerImage", DEFAULT_IMAGE)
+    assert settings.pod_defaults == PodSpec.model_validate(values.get("podDefaults", {}))
     assert settings.priority is None, "the chart must never fix the peering priority (replicas would all pause)"
     (service,) = _by_kind(render(helm, chart, values), "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from rljob_operator.api import DEFAULT_IMAGE
+from rljob_operator.api import DEFAULT_IMAGE, PodSpec
 from rljob_operator.settings import DEFAULT_PEERING, Settings, parse_settings
 
 
@@ -31,6 +31,10 @@ from rljob_operator.settings import DEFAULT_PEERING, Settings, parse_settings
     ([], {}, {"trainer_image": DEFAULT_IMAGE}),
     ([], {"RLJOB_TRAINER_IMAGE": "registry.local/trainer:1"}, {"trainer_image": "registry.local/trainer:1"}),
     (["--trainer-image", "a/b:2"], {"RLJOB_TRAINER_IMAGE": "c/d:3"}, {"trainer_image": "a/b:2"}),
+    ([], {}, {"pod_defaults": PodSpec()}),
+    ([], {"RLJOB_POD_DEFAULTS": '{"serviceAccountName": "rl"}'}, {"pod_defaults": PodSpec(service_account_name="rl")}),
+    (["--pod-defaults", "priorityClassName: batch"], {"RLJOB_POD_DEFAULTS": '{"serviceAccountName": "rl"}'},
+     {"pod_defaults": PodSpec(priority_class_name="batch")}),
 ])
 def test_parse_settings(argv: list[str], env: dict[str, str], expected: dict[str, Any]) -> None:
     settings = parse_settings(argv, env)
@@ -48,6 +52,9 @@ def test_defaults_match_the_dataclass() -> None:
     ([], {"RLJOB_PEERING_PRIORITY": "high"}, "RLJOB_PEERING_PRIORITY='high' is not an integer"),
     (["--trainer-image", " "], {}, "--trainer-image=' ' is not an image reference"),
     ([], {"RLJOB_TRAINER_IMAGE": "a b"}, "RLJOB_TRAINER_IMAGE='a b' is not an image reference"),
+    ([], {"RLJOB_POD_DEFAULTS": "{nodeSelector: [a]}"}, "RLJOB_POD_DEFAULTS: nodeSelector: Input should be a valid"),
+    (["--pod-defaults", "{env: [{name: RLJOB_ATTEMPT_X}, {name: A}, {name: A}]}"], {},
+     "--pod-defaults.env[2].name: A is defined twice"),
 ])
 def test_bad_settings_say_what_to_change(argv: list[str], env: dict[str, str], needle: str) -> None:
     with pytest.raises(SystemExit) as exc:
