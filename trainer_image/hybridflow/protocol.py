@@ -615,6 +615,15 @@ def response_mask_of(data: DataProto) -> torch.Tensor:
     return data.batch["attention_mask"][:, -response_length:]
 
 
+def response_lengths_of(data: DataProto) -> torch.Tensor:
+    """(b,) tokens in each right-padded response, tool and user turns included (the response part of
+    `attention_mask`); equal to the loss mask's sum for single-turn rollouts, longer for multi-turn ones."""
+    response_length = data.batch["responses"].shape[-1]
+    if "attention_mask" in data.batch:
+        return data.batch["attention_mask"][:, -response_length:].sum(dim=-1)
+    return response_mask_of(data).sum(dim=-1)
+
+
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
     """Pad ``data`` to a multiple of ``size_divisor`` rows by repeating rows from the start.
 

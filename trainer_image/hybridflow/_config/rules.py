@@ -16,7 +16,9 @@ ROLLOUT = "actor_rollout_ref.rollout"
 def check(cfg: HybridFlowConfig) -> list[str]:
     """Every cross-field problem of a config (empty when consistent)."""
     problems: list[str] = []
-    for rule in (_cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _reward_model, _trainer):
+    for rule in (
+        _cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _reward_model, _trainer, _agent_rollout
+    ):
         problems.extend(rule(cfg))
     return problems
 
@@ -31,11 +33,6 @@ def check_runnable(cfg: HybridFlowConfig) -> list[str]:
     if not cfg.data.train_files:
         problems.append(
             "data.train_files: required to run; set it to a parquet file or URI (or a list of them)"
-        )
-    if cfg.actor_rollout_ref.rollout.mode == "async":
-        problems.append(
-            f"{ROLLOUT}.mode: async (verl's server-based agent-loop rollout) is not implemented in HybridFlow; "
-            "set it to sync (batched generation in the rollout workers, the same samples for single-turn tasks)"
         )
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         problems.append(
@@ -303,3 +300,40 @@ def _trainer(cfg: HybridFlowConfig) -> list[str]:
             "to resume from, or use resume_mode=auto"
         ]
     return []
+
+
+def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
+    """Server-mode rollout (mode=async) and the multi-turn keys it reads agree with what is built here."""
+    ro = cfg.actor_rollout_ref.rollout
+    mt, out = ro.multi_turn, []
+    if ro.mode == "async" and ro.name != "vllm":
+        out.append(
+            f"{ROLLOUT}.mode: async serves rollouts from vLLM AsyncLLM replicas; rollout.name={ro.name} has no "
+            "server mode here yet. Set actor_rollout_ref.rollout.name=vllm (CPU: `make vllm`), or mode=sync"
+        )
+    if ro.mode == "sync" and (mt.enable or mt.tool_config_path or ro.agent.agent_loop_config_path):
+        out.append(
+            f"{ROLLOUT}.multi_turn / agent: tool calling and agent loops run in server mode only; set "
+            f"{ROLLOUT}.mode=async"
+        )
+    if mt.format != "hermes":
+        out.append(
+            f"{ROLLOUT}.multi_turn.format: {mt.format!r} is not supported here; the tool parser reads hermes "
+            "(<tool_call>{{json}}</tool_call>, Qwen's chat templates); set format=hermes"
+        )
+    if mt.interaction_config_path:
+        out.append(
+            f"{ROLLOUT}.multi_turn.interaction_config_path: interactions (simulated user turns) are not supported "
+            "here yet; remove the key (tool calling works without it)"
+        )
+    if mt.use_inference_chat_template:
+        out.append(
+            f"{ROLLOUT}.multi_turn.use_inference_chat_template: true re-renders turns with the chat template, which "
+            "breaks token-in/token-out training; it is not supported here, set it to false"
+        )
+    if ro.agent.custom_async_server.get("path"):
+        out.append(
+            f"{ROLLOUT}.agent.custom_async_server: custom server classes are not supported here; remove it (the "
+            "built-in vLLM AsyncLLM replicas serve every agent loop)"
+        )
+    return out

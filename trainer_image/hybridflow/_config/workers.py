@@ -128,8 +128,15 @@ class RolloutConfig(Section):
     name: RolloutName = Field(default="vllm", description="Engine: vllm, sglang, or hf (plain generate).")
     mode: Literal["sync", "async"] = Field(
         default="sync",
-        description="sync: batch generate in the worker. async (verl's server-based agent loop) is not "
-        "implemented here and is refused before a run starts.",
+        description="sync: batch generate inside the actor's processes. async (verl's server mode): rollout "
+        "replicas serve requests (vLLM AsyncLLM) and agent loops (single-turn, or multi-turn with tools) drive "
+        "them through a router. sync stays the default until bench.rollout_server shows async as fast here.",
+    )
+    replicas: int | None = Field(
+        default=None,
+        gt=0,
+        description="HybridFlow: rollout server replicas in async mode; null: one per tensor_model_parallel_size "
+        "devices of the actor's (world size / TP, as verl sizes them).",
     )
     n: int = Field(default=1, gt=0, description="Responses sampled per prompt (> 1 for group estimators).")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
@@ -180,6 +187,64 @@ class RolloutConfig(Section):
         description="Extra engine arguments by engine name, e.g. {vllm: {swap_space: 4}}.",
     )
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig, description="Validation sampling.")
+    multi_turn: MultiTurnConfig = Field(
+        default_factory=lambda: MultiTurnConfig(), description="Multi-turn tool calling (async mode)."
+    )
+    agent: AgentLoopConfig = Field(
+        default_factory=lambda: AgentLoopConfig(), description="Agent loops driving the rollout servers (async mode)."
+    )
+
+
+class MultiTurnConfig(Section):
+    """verl's `rollout.multi_turn`: tool calling and interactions in the agent loop (async mode)."""
+
+    enable: bool = Field(
+        default=False,
+        description="Samples without an agent_name use the tool agent loop (true) or the single-turn one (false).",
+    )
+    max_assistant_turns: int | None = Field(default=None, gt=0, description="Model turns per trajectory; null: no limit.")
+    max_user_turns: int | None = Field(
+        default=None, gt=0, description="Tool/user turns per trajectory; null: no limit."
+    )
+    max_parallel_calls: int = Field(default=1, gt=0, description="Tool calls executed per model turn (the rest dropped).")
+    max_tool_response_length: int = Field(default=256, gt=0, description="Characters of a tool's output kept.")
+    tool_response_truncate_side: Literal["left", "middle", "right"] = Field(
+        default="middle", description="Which part of a long tool output is cut away: left keeps the start."
+    )
+    tool_config_path: str | None = Field(default=None, description="verl tool-config YAML (tools: class_name, config, tool_schema).")
+    interaction_config_path: str | None = Field(
+        default=None,
+        description="verl interaction config (simulated user turns); not supported here yet and refused when set.",
+    )
+    use_inference_chat_template: bool = Field(
+        default=False,
+        description="Must stay false: the trajectory keeps the exact token ids the engine produced.",
+    )
+    tokenization_sanity_check_mode: Literal["disable", "strict", "ignore_strippable"] = Field(
+        default="strict",
+        description="Accepted for verl compatibility; token ids are never re-tokenised here, so there is nothing to check.",
+    )
+    format: str = Field(default="hermes", description="Tool-call format the parser reads: hermes (<tool_call>{json}</tool_call>).")
+    max_tokens_per_turn: int | None = Field(
+        default=None, gt=0, description="HybridFlow: new tokens per model turn; null: what is left of response_length."
+    )
+
+
+class AgentLoopConfig(Section):
+    """verl's `rollout.agent`: how many agent-loop workers and where custom loops come from."""
+
+    num_workers: int = Field(default=8, gt=0, description="Accepted for verl; trajectories run concurrently in the driver's event loop, bounded by max_concurrency.")
+    max_concurrency: int = Field(default=256, gt=0, description="HybridFlow: trajectories in flight at once.")
+    agent_loop_config_path: str | None = Field(
+        default=None, description="YAML list of {name, _target_: module.Class, ...kwargs} registering custom agent loops."
+    )
+    default_agent_loop: str | None = Field(
+        default=None,
+        description="Loop for samples without agent_name; null: tool_agent with multi_turn.enable, else single_turn_agent.",
+    )
+    custom_async_server: dict[str, Any] = Field(
+        default_factory=dict, description="verl's custom server class; not supported here (refused when path is set)."
+    )
 
 
 class ActorRolloutRefConfig(Section):

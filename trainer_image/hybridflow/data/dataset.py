@@ -161,7 +161,8 @@ class RLHFDataset(torch.utils.data.Dataset):
             max_prompt_length=data.max_prompt_length,
             truncation=data.truncation,
             filter_overlong_prompts=data.filter_overlong_prompts,
-            return_raw_chat=data.return_raw_chat,
+            # agent loops render tool schemas into the chat: they need the messages
+            return_raw_chat=data.return_raw_chat or cfg.actor_rollout_ref.rollout.mode == "async",
         )
 
     def _messages(self, row: dict[str, Any], origin: tuple[str, int]) -> list[dict[str, Any]]:

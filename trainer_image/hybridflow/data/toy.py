@@ -125,16 +125,25 @@ def toy_vocab() -> dict[str, int]:
     return {token: i for i, token in enumerate(tokens)}
 
 
-def build_toy_tokenizer(path: str | None = None) -> Any:
+def build_toy_tokenizer(path: str | None = None, extra_words: Sequence[str] = ()) -> Any:
     """A small character-level `PreTrainedTokenizerFast` (vocab < 128) with a chat template; saved to
-    ``path`` when given (loadable with ``AutoTokenizer.from_pretrained(path)``)."""
+    ``path`` when given (loadable with ``AutoTokenizer.from_pretrained(path)``).
+
+    `extra_words` become whole tokens after the default vocabulary (the tool task's call string is one),
+    as frequent strings are in a real BPE vocabulary.
+    """
+    import re
+
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = toy_vocab()
+    for word in extra_words:
+        vocab.setdefault(word, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    # Each role word or single character is a piece; the Fuse decoder joins pieces without spaces.
-    pattern = "|".join(_WORDS) + r"|[\s\S]"
+    # Each word or single character is a piece (longest words first); the Fuse decoder joins pieces.
+    words = sorted([*extra_words, *_WORDS], key=len, reverse=True)
+    pattern = "|".join(re.escape(w) for w in words) + r"|[\s\S]"
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     backend.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from hybridflow.protocol import response_mask_of
+from hybridflow.protocol import response_lengths_of
 from hybridflow.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ class RewardManager:
                 "RewardManager needs a tokenizer to decode responses: pass it to __init__ or the call."
             )
         responses = batch["responses"]
-        valid_lengths = response_mask_of(data).sum(dim=-1)
+        # the whole response (a multi-turn one with its tool turns): the score lands on its last token
+        valid_lengths = response_lengths_of(data)
         texts = tokenizer.batch_decode(
             [responses[i, : int(n)].tolist() for i, n in enumerate(valid_lengths)], skip_special_tokens=True
         )

@@ -13,6 +13,7 @@ from typing import Any
 ARITHMETIC = "toy/arithmetic"
 COPY = "toy/copy"
 COUNT = "toy/count"
+LOOKUP = "toy/lookup"
 
 _LEADING_INT_RE = re.compile(r"^\s*(-?\d+)")
 _LEADING_WORD_RE = re.compile(r"^\s*([A-Za-z]+)")
@@ -37,4 +38,14 @@ def score_copy(solution_str: str, ground_truth: Any, extra_info: dict | None = N
     return _result(match.group(1) if match else None, str(ground_truth).strip())
 
 
-SCORERS = {ARITHMETIC: score_integer, COPY: score_copy, COUNT: score_integer}
+def score_lookup(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict[str, Any]:
+    """The tool task: the final answer (after the last ``assistant:`` turn marker) must be the looked-up value.
+
+    A response of several turns decodes as ``<call>tool: v\nassistant: <answer>``; a single-turn one is
+    all answer.
+    """
+    final = solution_str.rsplit("assistant:", 1)[-1]
+    return score_copy(final, ground_truth, extra_info)
+
+
+SCORERS = {ARITHMETIC: score_integer, COPY: score_copy, COUNT: score_integer, LOOKUP: score_lookup}

@@ -47,13 +47,15 @@ def init_ray(cfg: HybridFlowConfig) -> None:
 
 
 def actor_role(cfg: HybridFlowConfig) -> str:
-    """The actor group's role: the rollout joins it when colocated, the reference only when something reads
-    its log-probs (`ref_enabled`), so a run without KL or DPO keeps no second copy of the model."""
-    parts = ["actor", *([] if cfg.trainer.placement == "split" else ["rollout"]), *(["ref"] if cfg.ref_enabled else [])]
+    """The actor group's role: the rollout joins it when colocated in sync mode (server replicas are actors of
+    their own), the reference only when something reads its log-probs (`ref_enabled`), so a run without KL or
+    DPO keeps no second copy of the model."""
+    in_process = cfg.trainer.placement != "split" and cfg.actor_rollout_ref.rollout.mode == "sync"
+    parts = ["actor", *(["rollout"] if in_process else []), *(["ref"] if cfg.ref_enabled else [])]
     return "_".join(parts)
 
 
-def build_worker_groups(cfg: HybridFlowConfig) -> Any:
+def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
     """Create the actor(+rollout+ref) group, a critic group for GAE, a reward-model group when enabled,
     and a rollout group when split; critic and reward model share the actor's slots (global pool)."""
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
@@ -63,6 +65,7 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
 
     nodes = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
     split = cfg.trainer.placement == "split"
+    server_mode = cfg.actor_rollout_ref.rollout.mode == "async"
     spec = {"global_pool": nodes, **({"rollout_pool": nodes} if split else {})}
     mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool", "reward_model": "global_pool"}
     if split:
@@ -74,7 +77,7 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
         use_gpu=on_gpu,
         cpus_per_process=1.0 if on_gpu else cpu_share(cfg),
         # Each colocated group takes 1 / max_colocate_count of a slot: the actor, the critic, the reward model.
-        max_colocate_count=max(2, 1 + int(cfg.critic_enabled) + int(cfg.reward_model.enable)),
+        max_colocate_count=max(2, 1 + int(cfg.critic_enabled) + int(cfg.reward_model.enable) + int(server_mode)),
     )
     actor = RayWorkerGroup(
         manager.get_resource_pool("actor_rollout_ref"),
@@ -83,7 +86,12 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
     )
     actor.init_model()
     rollout = None
-    if split:
+    service = None
+    if server_mode:
+        from hybridflow.workers.rollout_service import RolloutService
+
+        service = RolloutService(cfg, tokenizer, manager.get_resource_pool("rollout" if split else "actor_rollout_ref"))
+    elif split:
         rollout = RayWorkerGroup(
             manager.get_resource_pool("rollout"),
             RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="rollout"),
@@ -106,7 +114,9 @@ def build_worker_groups(cfg: HybridFlowConfig) -> Any:
             name_prefix="rm",
         )
         reward_model.init_model()
-    return WorkerGroups(actor_rollout=actor, critic=critic, rollout=rollout, reward_model=reward_model)
+    return WorkerGroups(
+        actor_rollout=actor, critic=critic, rollout=rollout, reward_model=reward_model, rollout_service=service
+    )
 
 
 def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:
@@ -159,7 +169,7 @@ def run(cfg: HybridFlowConfig) -> int:
     cfg.actor_rollout_ref.actor.optim.total_training_steps = total_steps
     cfg.critic.optim.total_training_steps = total_steps
     init_ray(cfg)
-    workers = build_worker_groups(cfg)
+    workers = build_worker_groups(cfg, tokenizer)
     try:
         trainer = RayPPOTrainer(cfg, tokenizer, workers, train_loader, reward_fn, val_loader, val_reward_fn)
         return trainer.fit()

@@ -45,6 +45,7 @@ class WorkerGroups:
     critic: Any = None
     rollout: Any = None  # split placement only; None when the rollout lives in the actor's processes
     reward_model: Any = None  # reward_model.enable only
+    rollout_service: Any = None  # rollout.mode=async: replicas + router + agent loops (`RolloutService`)
 
     @property
     def world_size(self) -> int:
@@ -53,6 +54,8 @@ class WorkerGroups:
 
     def shutdown(self) -> None:
         """Kill every group's actors and free their placement groups (a later run in this Ray can start)."""
+        if self.rollout_service is not None:
+            self.rollout_service.shutdown()
         for group in (self.actor_rollout, self.critic, self.rollout, self.reward_model):
             if group is not None:
                 group.shutdown()
@@ -121,6 +124,7 @@ class RayPPOTrainer:
     def fit(self) -> int:
         """Train until total_training_steps (or a SIGTERM); return the last completed global step."""
         state = self._resume()
+        self._sync_rollout_weights()  # a separate rollout (split group, server replicas) starts with the actor's weights
         progress_record = None
         if self.config.trainer.resume_mode != "disable" and self.ckpt_root:
             progress_record = read_progress_or_warn(self.ckpt_root, self.log)  # the id before any checkpoint
@@ -211,7 +215,7 @@ class RayPPOTrainer:
         """
         filter_cfg = self.algo.filter_groups
         if not (filter_cfg and filter_cfg.enable):
-            batch, _ = self._generate_and_score(timings)
+            batch, _ = self._generate_and_score(metrics, timings)
             return batch
         wanted = self.config.data.train_batch_size
         kept: list[DataProto] = []
@@ -227,7 +231,7 @@ class RayPPOTrainer:
                     "the model. Raise algorithm.filter_groups.max_num_gen_batches (0 = unlimited), "
                     "increase actor_rollout_ref.rollout.n, or disable algorithm.filter_groups."
                 )
-            batch, extra = self._generate_and_score(timings)
+            batch, extra = self._generate_and_score(metrics, timings)
             values = batch_ops.group_filter_metric(batch, filter_cfg.metric, extra)
             result = filter_groups(batch.non_tensor_batch["uid"], values)
             if result.kept_uids:
@@ -236,10 +240,13 @@ class RayPPOTrainer:
         metrics["train/num_gen_batches"] = float(num_gen_batches)
         return batch_ops.truncate_groups(DataProto.concat(kept), wanted)
 
-    def _generate_and_score(self, timings: dict[str, float]) -> tuple[DataProto, dict[str, list[Any]]]:
+    def _generate_and_score(
+        self, metrics: dict[str, float], timings: dict[str, float]
+    ) -> tuple[DataProto, dict[str, list[Any]]]:
         batch = batch_ops.add_group_ids(self._next_batch())
         with timed("gen", timings):
             batch = self.generate(batch)
+        metrics.update(batch.meta_info.pop("metrics", {}))  # server mode: turns, tool calls, aborted
         if self.use_rm:
             with timed("rm", timings):
                 batch = self.compute_rm_scores(batch)
@@ -250,13 +257,12 @@ class RayPPOTrainer:
     def generate(self, batch: DataProto) -> DataProto:
         """Sample `rollout.n` responses per prompt (ReMax also a greedy baseline) and join them to the batch."""
         n = self.config.actor_rollout_ref.rollout.n
-        gen_input = batch.select(
-            batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=_present(batch, ["raw_prompt_ids"])
-        )
+        gen_input = self._gen_input(batch)
         gen_input.meta_info.update({"do_sample": True, "global_step": self.global_step})
         if self.algo.adv_estimator == "remax":
             batch.batch["reward_baselines"] = self._greedy_baseline(batch, gen_input)
         output = self._rollout_group().generate_sequences(gen_input.repeat(n, interleave=True))
+        batch.meta_info["metrics"] = output.meta_info.pop("metrics", {})
         batch = batch.repeat(n, interleave=True)
         for key in GEN_INPUT_KEYS:
             batch.batch.pop(key)
@@ -264,11 +270,18 @@ class RayPPOTrainer:
         batch.batch["response_mask"] = batch_ops.response_mask_of(batch)
         return batch
 
+    def _gen_input(self, batch: DataProto) -> DataProto:
+        """What the rollout reads: the prompt tensors and ids; agent loops also get every dataset field."""
+        if self.workers.rollout_service is not None:
+            return batch.select(batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=list(batch.non_tensor_batch))
+        return batch.select(batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=_present(batch, ["raw_prompt_ids"]))
+
     def _greedy_baseline(self, batch: DataProto, gen_input: DataProto) -> torch.Tensor:
         """ReMax's baseline (Li et al. 2023): the reward of the greedy response to each prompt."""
         greedy_input = gen_input.select(deepcopy=True)
         greedy_input.meta_info.update({"do_sample": False})
         greedy = self._rollout_group().generate_sequences(greedy_input)
+        greedy.meta_info.pop("metrics", None)
         scored = batch.select(batch_keys=[], non_tensor_batch_keys=list(batch.non_tensor_batch)).union(
             greedy.select(
                 batch_keys=["responses", "prompts", "attention_mask"] + _present(greedy, ["response_mask"])
@@ -337,8 +350,11 @@ class RayPPOTrainer:
         return reduce_worker_metrics(output.meta_info.get("metrics", {}))
 
     def _sync_rollout_weights(self) -> None:
-        """Split placement: ship the actor's weights to the separate rollout group (colocated: no-op)."""
-        if self.workers.rollout is not None:
+        """Ship the actor's weights to a rollout outside its processes: server replicas (mode=async) or the
+        split-placement group. Colocated engines got them inside update_actor already."""
+        if self.workers.rollout_service is not None:
+            self.workers.rollout_service.update_weights(self.workers.actor_rollout)
+        elif self.workers.rollout is not None:
             from hybridflow.workers.weight_sync import sync_weights
 
             sync_weights(self.workers.actor_rollout, self.workers.rollout)
@@ -354,11 +370,10 @@ class RayPPOTrainer:
         scores: dict[str, list[float]] = {}
         samples: list[tuple[str, str, float]] = []
         for batch in self.val_dataloader:
-            gen_input = batch.select(
-                batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=_present(batch, ["raw_prompt_ids"])
-            )
+            gen_input = self._gen_input(batch)
             gen_input.meta_info.update({"do_sample": val_kwargs.do_sample, "validate": True})
             output = self._rollout_group().generate_sequences(gen_input.repeat(n, interleave=True))
+            output.meta_info.pop("metrics", None)
             batch = batch.repeat(n, interleave=True)
             for key in GEN_INPUT_KEYS:
                 batch.batch.pop(key)
@@ -416,7 +431,6 @@ class RayPPOTrainer:
         self.workers.actor_rollout.load_checkpoint(f"{step_uri}/actor")
         if self.use_critic:
             self.workers.critic.load_checkpoint(f"{step_uri}/critic")
-        self._sync_rollout_weights()
         self.train_dataloader.load_state_dict(state.dataloader)
         ck.restore_rng_state(state.rng)
         if self.kl_ctrl is not None and "kl_ctrl" in state.extra:
@@ -428,6 +442,8 @@ class RayPPOTrainer:
     # ---- helpers --------------------------------------------------------------------------------
 
     def _rollout_group(self) -> Any:
+        if self.workers.rollout_service is not None:
+            return self.workers.rollout_service
         return self.workers.rollout if self.workers.rollout is not None else self.workers.actor_rollout
 
     def _next_batch(self) -> DataProto:

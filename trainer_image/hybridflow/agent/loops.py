@@ -1,0 +1,177 @@
+"""The built-in agent loops: `single_turn_agent` (one generation) and `tool_agent` (multi-turn tool calling).
+
+`tool_agent` alternates model turns and tool turns: the model's text is parsed for Hermes tool calls
+(`hybridflow.agent.tool_parser`), each call runs (bounded by `multi_turn.max_parallel_calls`, with a
+per-tool timeout), and the results are appended as one tool turn rendered by the chat template. A call
+that is malformed, names no known tool, raises or hangs gets an error text as its result; the
+trajectory goes on. It ends when the model calls no tool, the response budget or a turn limit is
+reached, or the server aborts the request. The last turn is always the model's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from hybridflow.agent.base import AgentLoopBase, AgentLoopOutput, TokenOutput, register, sampling_for_turn
+from hybridflow.agent.chat import render_ids, turn_ids
+from hybridflow.agent.tool_parser import FunctionCall, ToolCallError, get_tool_parser
+from hybridflow.tools.base import BaseTool
+
+DEFAULT_TOOL_TIMEOUT_S = 30.0
+
+
+@register("single_turn_agent")
+class SingleTurnAgentLoop(AgentLoopBase):
+    """One model turn on the dataset's prompt ids: the same tokens batch mode generates from."""
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """Generate one response to `raw_prompt_ids`."""
+        prompt_ids = list(kwargs["raw_prompt_ids"])
+        params = sampling_for_turn(sampling_params, self.response_length, None)
+        out = await self.server_manager.generate(
+            request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, sampling_params=params
+        )
+        ids = out.token_ids[: self.response_length]
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=ids,
+            response_mask=[1] * len(ids),
+            response_logprobs=_logprobs(out, len(ids)),
+            num_turns=2,
+            metrics={"aborted": float(out.finish_reason == "abort")},
+        )
+
+
+@register("tool_agent")
+class ToolAgentLoop(AgentLoopBase):
+    """Multi-turn tool calling in verl's `tool_agent` shape (see the module docstring)."""
+
+    def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, *, tools: list[BaseTool] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(trainer_config, server_manager, tokenizer, **kwargs)
+        self.multi_turn = trainer_config.actor_rollout_ref.rollout.multi_turn
+        self.tools = {tool.name: tool for tool in (tools or [])}
+        self.tool_schemas = [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
+        self.parse = get_tool_parser(self.multi_turn.format)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """One trajectory of model and tool turns."""
+        request_id = uuid.uuid4().hex
+        if self.tool_schemas and kwargs.get("raw_prompt"):
+            prompt_ids = render_ids(self.tokenizer, list(kwargs["raw_prompt"]), tools=self.tool_schemas)
+        else:
+            prompt_ids = list(kwargs["raw_prompt_ids"])
+        tools_kwargs = _tools_kwargs(kwargs)
+        response: list[int] = []
+        mask: list[int] = []
+        logprobs: list[float] = []
+        stats = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_latency_s": 0.0, "aborted": 0.0}
+        instances: dict[str, str] = {}
+        assistant_turns = user_turns = 0
+        try:
+            while True:
+                budget = self.response_length - len(response)
+                params = sampling_for_turn(sampling_params, budget, self.multi_turn.max_tokens_per_turn)
+                out = await self.server_manager.generate(
+                    request_id=request_id, prompt_ids=prompt_ids + response, sampling_params=params
+                )
+                ids = out.token_ids[:budget]
+                response += ids
+                mask += [1] * len(ids)
+                logprobs += _logprobs(out, len(ids)) or [0.0] * len(ids)
+                assistant_turns += 1
+                if out.finish_reason == "abort":
+                    stats["aborted"] = 1.0
+                    break
+                if len(response) >= self.response_length or _reached(self.multi_turn.max_assistant_turns, assistant_turns):
+                    break
+                if _reached(self.multi_turn.max_user_turns, user_turns):
+                    break
+                _, calls = self.parse(self.tokenizer.decode(ids, skip_special_tokens=True))
+                if not calls:
+                    break
+                calls = calls[: self.multi_turn.max_parallel_calls]
+                started = time.perf_counter()
+                texts = await asyncio.gather(*(self._call(c, tools_kwargs, instances, stats) for c in calls))
+                stats["tool_latency_s"] += time.perf_counter() - started
+                tool_ids = turn_ids(self.tokenizer, [{"role": "tool", "content": t} for t in texts])
+                if len(response) + len(tool_ids) >= self.response_length:
+                    break  # no room left for the model to answer: the trajectory ends on its own turn
+                response += tool_ids
+                mask += [0] * len(tool_ids)
+                logprobs += [0.0] * len(tool_ids)
+                user_turns += 1
+        finally:
+            await self._release(instances)
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response,
+            response_mask=mask,
+            response_logprobs=logprobs,
+            num_turns=1 + assistant_turns + user_turns,
+            metrics=stats,
+        )
+
+    async def _call(self, call: FunctionCall | ToolCallError, tools_kwargs: dict[str, Any],
+                    instances: dict[str, str], stats: dict[str, float]) -> str:
+        """Run one call; every failure becomes a message to the model (never an exception)."""
+        stats["tool_calls"] += 1
+        if isinstance(call, ToolCallError):
+            stats["tool_errors"] += 1
+            return call.message
+        tool = self.tools.get(call.name)
+        if tool is None:
+            stats["tool_errors"] += 1
+            return f"error: there is no tool {call.name!r}; available tools: {sorted(self.tools)}"
+        timeout = float(tool.config.get("timeout", DEFAULT_TOOL_TIMEOUT_S))
+        try:
+            if call.name not in instances:
+                create_kwargs = (tools_kwargs.get(call.name) or {}).get("create_kwargs") or {}
+                instances[call.name], _ = await asyncio.wait_for(tool.create(**create_kwargs), timeout)
+            result, _, _ = await asyncio.wait_for(tool.execute(instances[call.name], call.arguments), timeout)
+        except asyncio.TimeoutError:
+            stats["tool_errors"] += 1
+            return f"error: tool {call.name} did not answer within {timeout:g} s"
+        except Exception as err:  # a user tool's bug must not end the rollout
+            stats["tool_errors"] += 1
+            return f"error: tool {call.name} failed: {type(err).__name__}: {err}"
+        return self._truncate(result.text or "")
+
+    def _truncate(self, text: str) -> str:
+        limit, side = self.multi_turn.max_tool_response_length, self.multi_turn.tool_response_truncate_side
+        if len(text) <= limit:
+            return text
+        if side == "left":
+            return text[:limit] + "...(truncated)"
+        if side == "right":
+            return "(truncated)..." + text[-limit:]
+        half = limit // 2
+        return text[:half] + "...(truncated)..." + text[len(text) - (limit - half):]
+
+    async def _release(self, instances: dict[str, str]) -> None:
+        for name, instance_id in instances.items():
+            try:
+                await asyncio.wait_for(self.tools[name].release(instance_id), DEFAULT_TOOL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - releasing is best effort; the trajectory is already complete
+                pass
+
+
+def _reached(limit: int | None, count: int) -> bool:
+    return limit is not None and count >= limit
+
+
+def _logprobs(out: TokenOutput, n: int) -> list[float] | None:
+    return None if out.log_probs is None else [float(x) for x in out.log_probs[:n]]
+
+
+def _tools_kwargs(sample: dict[str, Any]) -> dict[str, Any]:
+    """verl keeps per-sample tool arguments in `tools_kwargs` (top level or under extra_info)."""
+    direct = sample.get("tools_kwargs")
+    if isinstance(direct, dict):
+        return direct
+    extra = sample.get("extra_info")
+    nested = extra.get("tools_kwargs") if isinstance(extra, dict) else None
+    return nested if isinstance(nested, dict) else {}

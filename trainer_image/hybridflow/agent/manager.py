@@ -1,0 +1,206 @@
+"""`AgentLoopManager`: a batch of prompts in, one agent-loop trajectory per row out, as a padded batch.
+
+`generate_sequences(prompts)` is the server-mode counterpart of a rollout engine's `generate`: the same
+output keys and shapes (`hybridflow.rollout.base`), so `fit()` does not care which mode produced them.
+Differences a multi-turn trajectory brings: `attention_mask` is 1 on every response token (tool turns
+included) while `response_mask` is 1 on model tokens only; `rollout_log_probs` are 0 off the mask.
+Trajectories run concurrently on one event loop owned by the manager (a background thread), bounded
+by `rollout.agent.max_concurrency`; each row picks its loop by `agent_name`. Ray-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from hybridflow.agent.base import AgentLoopOutput, AsyncServerClient, get_agent_loop, register_factory
+from hybridflow.agent.loops import ToolAgentLoop
+from hybridflow.protocol import DataProto
+from hybridflow.rollout.token_io import resolve_sampling
+from hybridflow.tools.base import BaseTool
+
+SAMPLE_FIELDS_SKIPPED = ("input_ids", "attention_mask", "position_ids")
+
+
+class EventLoopThread:
+    """A private asyncio loop in a daemon thread; `run(coro)` executes a coroutine on it and waits.
+
+    One long-lived loop (instead of `asyncio.run` per step) keeps tools' and the router's asyncio state
+    valid across steps.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="agent-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
+        """Run `coro` on the loop and return its result (exceptions propagate)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop and its thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def default_loop_name(config: Any) -> str:
+    """The loop of rows without `agent_name`: the configured one, else tool_agent with multi_turn.enable."""
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.agent.default_agent_loop:
+        return str(rollout.agent.default_agent_loop)
+    return "tool_agent" if rollout.multi_turn.enable or rollout.multi_turn.tool_config_path else "single_turn_agent"
+
+
+def register_config_loops(path: str) -> list[str]:
+    """Register the loops of verl's agent-loop config file: a list of {name, _target_, **kwargs}."""
+    try:
+        entries = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ValueError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path {path!r} is unreadable: {err}") from err
+    if not isinstance(entries, list):
+        raise ValueError(f"agent loop config {path!r} must be a YAML list of {{name, _target_}} entries")
+    names = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not entry.get("name") or not entry.get("_target_"):
+            raise ValueError(f"agent loop config {path!r}: entry {i} needs name and _target_ (module.Class)")
+        module_name, _, cls_name = str(entry["_target_"]).rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), cls_name)
+        except (ImportError, AttributeError, ValueError) as err:
+            raise ValueError(f"agent loop config {path!r}: cannot import {entry['_target_']!r} ({err})") from err
+        kwargs = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
+        register_factory(str(entry["name"]), lambda c, s, t, _cls=cls, _kw=kwargs, **more: _cls(c, s, t, **_kw, **more))
+        names.append(str(entry["name"]))
+    return names
+
+
+class AgentLoopManager:
+    """Run the agent loops of a batch against `server` (the router) and pack the trajectories."""
+
+    def __init__(self, config: Any, tokenizer: Any, server: AsyncServerClient, tools: list[BaseTool] | None = None,
+                 events: EventLoopThread | None = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.server = server
+        rollout = config.actor_rollout_ref.rollout
+        if tools is None and rollout.multi_turn.tool_config_path:
+            from hybridflow.tools.config import load_tools
+
+            tools = load_tools(rollout.multi_turn.tool_config_path)
+        self.tools = tools or []
+        if rollout.agent.agent_loop_config_path:
+            register_config_loops(rollout.agent.agent_loop_config_path)
+        self.default_loop = default_loop_name(config)
+        get_agent_loop(self.default_loop)  # a wrong name fails now, not mid-run
+        self.prompt_length = int(rollout.prompt_length or config.data.max_prompt_length)
+        self.response_length = int(rollout.response_length or config.data.max_response_length)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.pad_token_id = int(pad if pad is not None else 0)
+        self.events = events or EventLoopThread()
+
+    # -- the batch interface ------------------------------------------------------------------------
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """One trajectory per row of `prompts` (rows already repeated n times); see the module docstring."""
+        sampling = self._sampling(prompts.meta_info)
+        outputs = self.events.run(self._run_all(prompts, sampling))
+        return self._pack(prompts, outputs, sampling["calculate_log_probs"])
+
+    def _sampling(self, meta: dict[str, Any]) -> dict[str, Any]:
+        rollout = self.config.actor_rollout_ref.rollout
+        meta = dict(meta)
+        if meta.get("validate"):
+            for key in ("do_sample", "temperature", "top_p", "top_k"):
+                meta.setdefault(key, getattr(rollout.val_kwargs, key))
+        params = resolve_sampling(rollout, self.response_length, {}, meta)
+        params["do_sample"] = not params.pop("greedy")
+        return params
+
+    async def _run_all(self, prompts: DataProto, sampling: dict[str, Any]) -> list[AgentLoopOutput]:
+        limit = asyncio.Semaphore(self.config.actor_rollout_ref.rollout.agent.max_concurrency)
+        fields = [k for k in prompts.non_tensor_batch if k not in SAMPLE_FIELDS_SKIPPED]
+
+        async def one(i: int) -> AgentLoopOutput:
+            sample = {k: prompts.non_tensor_batch[k][i] for k in fields}
+            if "raw_prompt_ids" not in sample:
+                mask = prompts.batch["attention_mask"][i].bool()
+                sample["raw_prompt_ids"] = prompts.batch["input_ids"][i][mask].tolist()
+            name = str(sample.get("agent_name") or self.default_loop)
+            loop = self._build(name)
+            async with limit:
+                return await loop.run(dict(sampling), **sample)
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+    def _build(self, name: str) -> Any:
+        factory = get_agent_loop(name)
+        if isinstance(factory, type) and issubclass(factory, ToolAgentLoop):
+            return factory(self.config, self.server, self.tokenizer, tools=self.tools)
+        return factory(self.config, self.server, self.tokenizer)
+
+    # -- packing ------------------------------------------------------------------------------------
+    def _pack(self, prompts: DataProto, outputs: list[AgentLoopOutput], with_logprobs: bool) -> DataProto:
+        b, p_len, r_len = len(outputs), self.prompt_length, self.response_length
+        prompt_ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros(b, p_len, dtype=torch.long)
+        responses = torch.full((b, r_len), self.pad_token_id, dtype=torch.long)
+        response_attn = torch.zeros(b, r_len, dtype=torch.long)
+        response_mask = torch.zeros(b, r_len, dtype=torch.long)
+        log_probs = torch.zeros(b, r_len)
+        for i, out in enumerate(outputs):
+            if len(out.prompt_ids) > p_len:
+                raise ValueError(
+                    f"a trajectory's prompt is {len(out.prompt_ids)} tokens (with the tool schemas the chat template "
+                    f"adds), longer than rollout.prompt_length / data.max_prompt_length={p_len}; raise data.max_prompt_length"
+                )
+            n_p, n_r = len(out.prompt_ids), min(len(out.response_ids), r_len)
+            if n_p:
+                prompt_ids[i, p_len - n_p:] = torch.tensor(out.prompt_ids)
+                prompt_mask[i, p_len - n_p:] = 1
+            if n_r:
+                responses[i, :n_r] = torch.tensor(out.response_ids[:n_r])
+                response_attn[i, :n_r] = 1
+                response_mask[i, :n_r] = torch.tensor(out.response_mask[:n_r])
+                if out.response_logprobs is not None:
+                    log_probs[i, :n_r] = torch.tensor(out.response_logprobs[:n_r]) * response_mask[i, :n_r]
+        prompt_pos = torch.clamp(prompt_mask.cumsum(-1) - 1, min=0)
+        delta = torch.arange(1, r_len + 1).unsqueeze(0)
+        tensors = {
+            "prompts": prompt_ids,
+            "responses": responses,
+            "input_ids": torch.cat([prompt_ids, responses], dim=1),
+            "attention_mask": torch.cat([prompt_mask, response_attn], dim=1),
+            "position_ids": torch.cat([prompt_pos, prompt_pos[:, -1:] + delta], dim=1),
+            "response_mask": response_mask,
+        }
+        if with_logprobs:
+            tensors["rollout_log_probs"] = log_probs
+        non_tensors = dict(prompts.non_tensor_batch)
+        non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
+        meta = {k: v for k, v in prompts.meta_info.items() if k != "metrics"}
+        meta["metrics"] = trajectory_metrics(outputs)
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+
+def trajectory_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
+    """Per-step agent metrics: turns (mean/max/min), tool calls, tool errors and latency, aborted trajectories."""
+    turns = [o.num_turns for o in outputs] or [0]
+    total = {key: sum(o.metrics.get(key, 0.0) for o in outputs) for key in ("tool_calls", "tool_errors", "tool_latency_s", "aborted")}
+    n = max(len(outputs), 1)
+    return {
+        "agent/num_turns/mean": float(np.mean(turns)),
+        "agent/num_turns/max": float(max(turns)),
+        "agent/num_turns/min": float(min(turns)),
+        "agent/tool_calls/mean": total["tool_calls"] / n,
+        "agent/tool_errors/mean": total["tool_errors"] / n,
+        "agent/tool_latency_s/mean": total["tool_latency_s"] / max(total["tool_calls"], 1.0),
+        "agent/aborted": total["aborted"],
+    }

@@ -1,0 +1,107 @@
+"""A vLLM `AsyncLLM` engine behind the server interface the agent loops use (token ids in and out).
+
+The engine core runs in a child process (vLLM V1's multiprocess client); requests stream in
+concurrently, and `generate` returns when one finishes. Weights arrive as full HF-named tensors and go
+to the engine's workers as one safetensors blob (`WeightSyncExtension.hf_load_weights_bytes`, the same
+mechanism the in-worker `VLLMRollout` uses when its engine is out of process), then the prefix cache
+is reset so no KV block computed under old weights is reused.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from hybridflow.agent.base import TokenOutput
+from hybridflow.rollout.vllm_rollout import VLLMRollout, _state_dict_to_bytes
+
+
+class AsyncVLLMEngine:
+    """One `AsyncLLM` replica: `generate`, `abort`, `load_weights`, `sleep` / `wake_up`."""
+
+    def __init__(self, model_path: str, config: Any, device: str, response_length: int, prompt_length: int,
+                 **engine_overrides: Any) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        dev = torch.device(device)
+        kwargs = VLLMRollout.engine_kwargs(model_path, config, dev, response_length, prompt_length)
+        kwargs.update(engine_overrides)
+        if dev.type == "cpu":
+            n = os.cpu_count() or 1
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}" if n > 1 else "0")
+        if kwargs.get("distributed_executor_backend") == "external_launcher":
+            kwargs.pop("distributed_executor_backend")  # a replica is not inside the trainer's world
+        self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        self.dtype = self.engine.model_config.dtype
+        tokenizer = self.engine.tokenizer
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.engine.model_config.hf_config, "eos_token_id", None)
+        self.eos_token_ids = [] if eos is None else list(eos) if isinstance(eos, list) else [int(eos)]
+        self.free_cache = dev.type == "cuda" and bool(kwargs.get("enable_sleep_mode"))
+        self.ignore_eos = bool(getattr(config, "ignore_eos", False))
+
+    def sampling(self, params: dict[str, Any]) -> Any:
+        """vLLM SamplingParams from the agent loop's dict (temperature 0 or do_sample false: greedy)."""
+        from vllm import SamplingParams
+
+        greedy = not params.get("do_sample", True) or float(params.get("temperature", 1.0)) <= 0
+        top_k = int(params.get("top_k", -1))
+        return SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else float(params.get("temperature", 1.0)),
+            top_p=1.0 if greedy else float(params.get("top_p", 1.0)),
+            top_k=-1 if greedy or top_k <= 0 else top_k,
+            max_tokens=int(params["max_tokens"]),
+            logprobs=0 if params.get("logprobs", True) else None,
+            stop_token_ids=None if self.ignore_eos else list(self.eos_token_ids),
+            ignore_eos=self.ignore_eos,
+            seed=params.get("seed"),
+            detokenize=False,
+        )
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str) -> TokenOutput:
+        """Continue `prompt_ids`; an aborted request returns what it had with finish_reason abort."""
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                                              self.sampling(sampling_params), request_id=request_id):
+            final = out
+        if final is None:
+            return TokenOutput([], [], "abort")
+        choice = final.outputs[0]
+        tokens = list(choice.token_ids)
+        logprobs = None
+        if choice.logprobs is not None:
+            logprobs = [float(step[t].logprob) for step, t in zip(choice.logprobs, tokens, strict=False)]
+        reason = choice.finish_reason or ("abort" if not final.finished else "stop")
+        return TokenOutput(tokens, logprobs, "abort" if reason == "abort" else str(reason))
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel a request in flight (its `generate` returns with finish_reason abort)."""
+        await self.engine.abort(request_id)
+
+    async def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights in place (no restart), then drop cached KV blocks."""
+        cast = ((n, t.detach().to(self.dtype) if t.is_floating_point() else t.detach()) for n, t in weights)
+        await self.engine.collective_rpc("hf_load_weights_bytes", args=(_state_dict_to_bytes(cast),))
+        await self.engine.reset_prefix_cache()
+
+    async def sleep(self) -> None:
+        """GPU: release weights and KV cache while the trainer uses the device (no-op on CPU)."""
+        if self.free_cache:
+            await self.engine.sleep(level=1)
+
+    async def wake_up(self) -> None:
+        """GPU: take the memory back before serving."""
+        if self.free_cache:
+            await self.engine.wake_up()
+
+    def shutdown(self) -> None:
+        """Stop the engine core process."""
+        self.engine.shutdown()

@@ -1,0 +1,164 @@
+"""Rollout as a service: vLLM `AsyncLLM` replicas in Ray actors, a router, and the agent-loop manager.
+
+    RolloutService(config, tokenizer, pool)       # replicas on the pool's slots (one per TP group)
+      .generate_sequences(batch)                  # agent loops -> router -> replicas, a padded batch back
+      .update_weights(actor_group)                # after every actor update: the actor's full weights into
+                                                  # every replica (object store; no engine restart)
+
+Each replica runs with `max_restarts`: when one dies (OOM, SIGKILL, a lost pod) the router retries its
+requests on the others, and once Ray has restarted it the service pushes the current weights into it
+before it is used again. The agent loops and the router are Ray-free (`hybridflow.agent`); Ray lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from hybridflow.agent.base import TokenOutput
+from hybridflow.agent.manager import AgentLoopManager, EventLoopThread
+from hybridflow.agent.router import ReplicaUnavailable, Router
+from hybridflow.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+REPLICA_RESTARTS = 3
+
+
+class RolloutReplica:
+    """A Ray actor holding one async engine replica (vLLM AsyncLLM), serving token-in/token-out requests."""
+
+    def __init__(self, config: Any, replica_rank: int = 0) -> None:
+        from hybridflow.engines.fsdp_engine import import_external_lib
+        from hybridflow.rollout.async_vllm import AsyncVLLMEngine
+        from hybridflow.workers.fsdp_workers import as_config
+
+        cfg = as_config(config)
+        arr = cfg.actor_rollout_ref
+        import_external_lib(arr.model.external_lib)
+        ro = arr.rollout
+        self.rank = replica_rank
+        self.engine = AsyncVLLMEngine(
+            str(arr.model.path),
+            ro,
+            "cuda" if cfg.trainer.device == "cuda" else "cpu",
+            int(ro.response_length or cfg.data.max_response_length),
+            int(ro.prompt_length or cfg.data.max_prompt_length),
+        )
+        self.weights_version = -1
+
+    async def ready(self) -> dict[str, Any]:
+        """The replica's process id and weight version (a restarted replica reports -1)."""
+        return {"pid": os.getpid(), "rank": self.rank, "weights_version": self.weights_version}
+
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str) -> TokenOutput:
+        """One generation (see `AsyncVLLMEngine.generate`)."""
+        return await self.engine.generate(prompt_ids, sampling_params, request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Cancel a request in flight."""
+        await self.engine.abort(request_id)
+
+    async def load_weights(self, state_dict: dict[str, Any], version: int) -> int:
+        """Take the trainer's full weights (resolved from the object store by Ray) in place."""
+        await self.engine.wake_up()
+        await self.engine.load_weights(state_dict.items())
+        self.weights_version = version
+        return version
+
+    async def sleep(self) -> None:
+        """Free device memory while training (GPU sleep mode; no-op on CPU)."""
+        await self.engine.sleep()
+
+
+class RayReplicaClient:
+    """`AsyncServerClient` over one replica actor; a dead actor becomes `ReplicaUnavailable`."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+        """Forward to the actor; Ray's actor-death errors become `ReplicaUnavailable` for the router."""
+        import ray.exceptions as rex
+
+        try:
+            return await self.handle.generate.remote(prompt_ids, sampling_params, request_id)
+        except (rex.RayActorError, rex.ActorUnavailableError) as err:
+            raise ReplicaUnavailable(str(err)) from err
+
+
+def replica_count(config: Any, world_size: int) -> int:
+    """`rollout.replicas`, else one per tensor-parallel group of the actor's devices (verl's sizing)."""
+    ro = config.actor_rollout_ref.rollout
+    return int(ro.replicas or max(1, world_size // ro.tensor_model_parallel_size))
+
+
+class RolloutService:
+    """Replicas + router + agent-loop manager for `rollout.mode=async` (see the module docstring)."""
+
+    def __init__(self, config: Any, tokenizer: Any, resource_pool: Any) -> None:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.config = config
+        remote = ray.remote(max_restarts=REPLICA_RESTARTS, max_task_retries=0)(RolloutReplica)
+        slots = resource_pool.slots()
+        tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
+        count = replica_count(config, resource_pool.world_size)
+        self.replicas = []
+        for rank in range(count):
+            pg, bundle, _ = slots[(rank * tp) % len(slots)]
+            options = {
+                **resource_pool.actor_resources(),
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=bundle
+                ),
+            }
+            self.replicas.append(remote.options(**options).remote(config, rank))
+        ray.get([r.ready.remote() for r in self.replicas])
+        self.events = EventLoopThread()
+        self.router = self.events.run(self._make_router())
+        self.manager = AgentLoopManager(config, tokenizer, self.router, events=self.events)
+        self.version = 0
+        self._weights: Any = None  # object ref of the latest full state dict, for replicas that rejoin
+
+    async def _make_router(self) -> Router:
+        return Router([RayReplicaClient(r) for r in self.replicas], on_failure=self._rejoin)
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Trajectories for every row (see `AgentLoopManager.generate_sequences`)."""
+        return self.manager.generate_sequences(prompts)
+
+    def update_weights(self, actor_group: Any) -> None:
+        """Gather the actor's full weights (a collective on all ranks) and load them into every replica."""
+        import ray
+
+        self.events.run(self.router.wait_recovered())
+        refs = [w.full_state_dict_rank0.remote() for w in actor_group.workers]
+        self.version += 1
+        self._weights = refs[0]
+        ray.get([r.load_weights.remote(refs[0], self.version) for r in self.replicas] + refs[1:])
+
+    async def _rejoin(self, index: int) -> None:
+        """A replica failed: wait for Ray to restart it, push the current weights, then serve again."""
+        replica = self.replicas[index]
+        for _ in range(600):
+            try:
+                await replica.ready.remote()
+                break
+            except Exception:  # noqa: BLE001 - still restarting
+                await asyncio.sleep(0.5)
+        else:
+            raise RuntimeError(f"rollout replica {index} did not come back after a failure; see its log")
+        if self._weights is not None:
+            await replica.load_weights.remote(self._weights, self.version)
+        logger.warning("rollout replica %d restarted and resynced to weight version %d", index, self.version)
+
+    def shutdown(self) -> None:
+        """Kill the replicas and stop the event loop."""
+        import ray
+
+        for replica in self.replicas:
+            ray.kill(replica, no_restart=True)
+        self.events.close()
