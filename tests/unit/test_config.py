@@ -404,14 +404,24 @@ def test_validate_for_run_requires_model_and_data() -> None:
         check_runnable(cfg)
 
 
-def test_async_rollout_mode_is_refused_before_a_run() -> None:
-    """verl's server-based agent loop is not implemented: the config says so instead of running sync silently."""
-    cfg = load_config(
-        None,
-        ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.mode=async"],
-    )
-    with pytest.raises(ConfigError, match="rollout.mode: async .* is not implemented in HybridFlow; set it to sync"):
-        cfg.validate_for_run()
+def test_async_rollout_mode_is_accepted_with_vllm_and_refused_with_what_is_not_built() -> None:
+    """Server mode runs on vLLM AsyncLLM replicas; what it does not do yet is refused with the fix, never ignored."""
+    base = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.mode=async"]
+    load_config(None, [*base, "actor_rollout_ref.rollout.multi_turn.enable=true"]).validate_for_run()
+    refused = {
+        "actor_rollout_ref.rollout.name=sglang": "has no server mode here yet",
+        "actor_rollout_ref.rollout.multi_turn.format=gpt-oss": "set format=hermes",
+        "actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml": "interactions",
+        "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true": "token-in/token-out",
+        "+actor_rollout_ref.rollout.agent.custom_async_server.path=/x.py": "custom server classes",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2": "tensor parallelism are not built yet",
+    }
+    for override, message in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [*base, override, "trainer.n_gpus_per_node=2", "trainer.device=cuda"]).validate_for_run()
+    sync = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.multi_turn.enable=true"]
+    with pytest.raises(ConfigError, match="run in server mode only"):
+        load_config(None, sync).validate_for_run()
 
 
 def test_warmup_style_conflict_is_reported() -> None:

@@ -616,12 +616,12 @@ def response_mask_of(data: DataProto) -> torch.Tensor:
 
 
 def response_lengths_of(data: DataProto) -> torch.Tensor:
-    """(b,) tokens in each right-padded response, tool and user turns included (the response part of
-    `attention_mask`); equal to the loss mask's sum for single-turn rollouts, longer for multi-turn ones."""
-    response_length = data.batch["responses"].shape[-1]
-    if "attention_mask" in data.batch:
-        return data.batch["attention_mask"][:, -response_length:].sum(dim=-1)
-    return response_mask_of(data).sum(dim=-1)
+    """(b,) length of each response up to its last model token (the last 1 of `response_mask`): the mask's
+    sum for a single-turn response, and the whole trajectory, tool turns included, for a multi-turn one
+    (whose last turn is always the model's)."""
+    mask = response_mask_of(data)
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device).expand_as(mask)
+    return (positions * (mask != 0)).max(dim=-1).values
 
 
 def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:

@@ -311,6 +311,11 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.mode: async serves rollouts from vLLM AsyncLLM replicas; rollout.name={ro.name} has no "
             "server mode here yet. Set actor_rollout_ref.rollout.name=vllm (CPU: `make vllm`), or mode=sync"
         )
+    if ro.mode == "async" and cfg.trainer.device == "cuda" and ro.tensor_model_parallel_size > 1:
+        out.append(
+            f"{ROLLOUT}.tensor_model_parallel_size: server replicas with tensor parallelism are not built yet "
+            f"({ro.tensor_model_parallel_size} requested); use 1 with mode=async (one replica per GPU), or mode=sync"
+        )
     if ro.mode == "sync" and (mt.enable or mt.tool_config_path or ro.agent.agent_loop_config_path):
         out.append(
             f"{ROLLOUT}.multi_turn / agent: tool calling and agent loops run in server mode only; set "

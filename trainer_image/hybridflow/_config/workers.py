@@ -136,7 +136,7 @@ class RolloutConfig(Section):
         default=None,
         gt=0,
         description="HybridFlow: rollout server replicas in async mode; null: one per tensor_model_parallel_size "
-        "devices of the actor's (world size / TP, as verl sizes them).",
+        "GPUs of the actor's (world size / TP, as verl sizes them), one on CPU (an engine uses every core).",
     )
     n: int = Field(default=1, gt=0, description="Responses sampled per prompt (> 1 for group estimators).")
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")

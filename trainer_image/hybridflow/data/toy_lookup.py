@@ -6,7 +6,7 @@
     e                                              (model, mask 1; reward 1 when it equals the value)
 
 Values are random letters independent of the key, so a model that answers without calling guesses
-(at best 1 in 5); calling and copying the tool's answer earns 1. The toy tokenizer has the whole
+(right 1 time in 26); calling and copying the tool's answer earns 1. The toy tokenizer has the whole
 Hermes call string as one token (as a BPE vocabulary has frequent strings), and `prepare` gives the
 random model a prior of calling about `call_prior` of the time with a few supervised steps, standing in
 for a pretrained model that knows the tool format: RL must teach it to call every time and to answer
@@ -27,7 +27,8 @@ from typing import Any
 from hybridflow.rewards.toy import LOOKUP
 
 LOOKUP_CALL = '<tool_call>{"name": "lookup", "arguments": {}}</tool_call>'
-LETTERS = "abcde"
+KEYS = "abcde"
+VALUES = "abcdefghijklmnopqrstuvwxyz"  # a guess is right 1 time in 26: only calling the tool pays
 TOOL_CONFIG = """tools:
   - class_name: hybridflow.tools.lookup.LookupTool
     config: {type: native, timeout: 10}
@@ -39,7 +40,7 @@ def build_rows(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
     rng = random.Random(f"lookup/{split}/{seed}")
     rows = []
     for index in range(n):
-        key, value = rng.choice(LETTERS), rng.choice(LETTERS)
+        key, value = rng.choice(KEYS), rng.choice(VALUES)
         rows.append({
             "data_source": LOOKUP,
             "prompt": [{"role": "user", "content": f"value of {key}?"}],
@@ -53,7 +54,7 @@ def build_rows(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
 
 
 def warm_start(model_dir: Path, rows: list[dict[str, Any]], call_prior: float, seed: int = 0) -> float:
-    """Supervised steps until P(call | prompt) reaches `call_prior` (and the call is followed by EOS); returns it."""
+    """Supervised steps until P(call | prompt) reaches `call_prior` and P(EOS | call) 0.95; returns P(call)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -76,10 +77,11 @@ def warm_start(model_dir: Path, rows: list[dict[str, Any]], call_prior: float, s
         logits = model(input_ids=ids, attention_mask=mask).logits
         log_probs = torch.log_softmax(logits[:, -3:-1].float(), dim=-1)
         call_lp, eos_lp = log_probs[:, 0, call_id], log_probs[:, 1, tok.eos_token_id]
-        prob = float(call_lp.detach().exp().mean())
-        if prob >= call_prior:
+        prob, eos_prob = float(call_lp.detach().exp().mean()), float(eos_lp.detach().exp().mean())
+        if prob >= call_prior and eos_prob >= 0.95:
             break
-        loss = -(call_lp.mean() + eos_lp.mean())
+        # the call's end-of-turn is learnt fully; the call itself only up to the prior
+        loss = -eos_lp.mean() - (call_lp.mean() if prob < call_prior else 0.0)
         optim.zero_grad()
         loss.backward()
         optim.step()

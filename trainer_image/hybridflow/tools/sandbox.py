@@ -8,9 +8,11 @@ contained depends on the isolation mode, chosen once per process by probing (`is
   loopback interface exists, so nothing outside is reachable (no DNS either). The sandbox's PID 1 is
   a root-owned supervisor; when the program exits, or the host kills the tree, every process in the
   namespace dies. Every mount is re-mounted read-only; `/tmp` (the scratch directory is
-  `/tmp/scratch`) and `/dev/shm` are fresh size-capped tmpfs that vanish with the namespace;
+  `/tmp/scratch`) and `/dev/shm` are fresh size-capped tmpfs that vanish with the namespace; `/dev`
+  holds only null, zero, full, random and urandom (no GPUs, kvm, fuse, tun or disks);
   `/proc` is the namespace's own (hidepid=2). The program runs as a fresh, unnamed uid/gid per run
-  (so RLIMIT_NPROC counts only its own processes and threads), with no supplementary groups, an
+  (so RLIMIT_NPROC counts only its own processes and threads; `nobody`, shared, where this user
+  namespace does not map the range SANDBOX_UID_BASE..+SPAN), with no supplementary groups, an
   empty capability bounding set, securebits locked and no_new_privs (setuid binaries do not elevate).
   Interpreter directories under a non-world-readable parent (e.g. pyenv in /root) are bind-mounted
   read-only onto a tmpfs covering that parent, which also hides the rest of it.
@@ -21,15 +23,18 @@ contained depends on the isolation mode, chosen once per process by probing (`is
   the network and write wherever the caller can. As root it drops to a fresh uid when the
   interpreter is world-accessible (so it can write only world-writable places), otherwise it runs
   as root. Processes that start their own session escape the final process-group kill unless a uid
-  drop is in effect (then every process of that uid is killed).
+  drop is in effect (then every process of that uid is killed); if the host itself is SIGKILLed, the
+  program dies (parent-death signal) but its children survive.
 
-In every mode: RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0;
+In every mode: the sandbox is SIGKILLed if the host process dies; RLIMIT_AS (memory), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0;
 a wall-clock limit that SIGKILLs the whole tree; output read incrementally and capped (the program is
 killed once it exceeds the cap); an environment with nothing of the parent's (minimal PATH,
 HOME=TMPDIR=scratch, LANG); cwd an empty scratch directory, deleted afterwards. Not contained: reading
-world-readable files of the host (read-only); CPU and memory share of the node beyond the per-process
-rlimits (no cgroups); tmpfs pages (scratch, /dev/shm), which count against the node's memory, not
-RLIMIT_AS. Which limit was hit is inferred from signals and from the error text on stderr.
+world-readable files of the host (read-only in the namespace modes), and connecting to path-based Unix
+sockets outside /tmp whose permissions admit others (network namespaces do not cover those); the
+node's CPU and memory beyond the per-process rlimits (no cgroups: N processes may use N x the memory
+limit); tmpfs pages (scratch, /dev/shm), which count against the node's memory, not RLIMIT_AS.
+Which limit was hit is inferred from signals and from the error text on stderr.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ _NOBODY = 65534
 _SCRATCH_IN_NS = "/tmp/scratch"
 _MAIN_IN_NS = "/tmp/main.py"
 _SHM_MB = 16
+_DEVICES = ("null", "zero", "full", "random", "urandom")
 _DRAIN_GRACE_S = 0.3  # after the program exits, how long leftover holders of its pipes may keep them
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
 _BOOT_ENV = {"PATH": _SAFE_PATH, "LANG": "C.UTF-8"}
@@ -152,9 +158,13 @@ def run_code(
     if language not in SUPPORTED_LANGUAGES:
         message = f"language {language!r} is not supported; this sandbox runs: {', '.join(SUPPORTED_LANGUAGES)}"
         return RunResult("Error", None, "", "", 0.0, reason=message, sandbox_error=message, isolation=mode)
-    run_dir = tempfile.mkdtemp(prefix="hybridflow-sandbox-")
     try:
-        return _run_in(run_dir, code, stdin, limits, mode, site_packages)  # type: ignore[arg-type]
+        run_dir = tempfile.mkdtemp(prefix="hybridflow-sandbox-")
+    except OSError as exc:
+        message = f"could not create the run directory in {tempfile.gettempdir()} ({exc}); free space or set TMPDIR"
+        return RunResult("Error", None, "", "", 0.0, reason=message, sandbox_error=message, isolation=mode)
+    try:
+        return _run_in(run_dir, code, stdin, limits, mode, site_packages)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -167,7 +177,7 @@ async def run_code_async(code: str, **options: Any) -> RunResult:
 
 
 class SandboxPool:
-    """At most `max_concurrency` sandboxes at once (per event loop), each in the pool's own threads."""
+    """At most `max_concurrency` sandboxes at once, each in the pool's own threads (use it from one event loop)."""
 
     def __init__(self, max_concurrency: int = 4, *, gate: threading.Semaphore | None = None) -> None:
         import asyncio
@@ -198,7 +208,7 @@ class SandboxPool:
         self._executor.shutdown(wait=False)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def isolation_mode() -> str:
     """The strongest isolation mode that works on this machine, probed once per process."""
     mode = (available_isolation_modes() or ("none",))[0]
@@ -208,7 +218,7 @@ def isolation_mode() -> str:
     return mode
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def available_isolation_modes() -> tuple[str, ...]:
     """Every isolation mode that runs a trivial program correctly here, strongest first."""
     candidates = (["root-namespaces"] if os.geteuid() == 0 else []) + ["user-namespaces", "none"]
@@ -238,6 +248,7 @@ def isolation_report(mode: str | None = None) -> dict[str, Any]:
         "pid_namespace": namespaces,
         "read_only_filesystem": namespaces,
         "private_tmp": namespaces,
+        "minimal_dev": namespaces,
         "uid_drop": uid is not None,
         "process_limit_enforced": uid is not None or os.getuid() != 0,
     }
@@ -268,7 +279,7 @@ def _run_in(run_dir: str, code: str, stdin: str | None, limits: _Limits, mode: s
     """Launch the bootstrap for one run in `run_dir`, collect its output and classify the outcome."""
     uid = _sandbox_uid(mode, site_packages)
     main = os.path.join(run_dir, "main.py")
-    with open(main, "w", encoding="utf-8") as f:
+    with open(main, "w", encoding="utf-8", errors="replace") as f:
         f.write(code)
     os.chmod(main, 0o444)
     scratch = _SCRATCH_IN_NS
@@ -295,10 +306,11 @@ def _run_in(run_dir: str, code: str, stdin: str | None, limits: _Limits, mode: s
     finally:
         os.close(write_end)
     try:
-        out, err, timed_out, flooded = _collect(proc, (stdin or "").encode(), start + limits.run_timeout,
+        out, err, timed_out, flooded = _collect(proc, (stdin or "").encode(errors="replace"), start + limits.run_timeout,
                                                 limits.max_output_bytes)
     finally:
         _kill_group(proc.pid)  # before reaping, so the group id cannot have been reused
+        _await_pipes_closed(proc, time.monotonic() + 1.0)
         proc.wait()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
@@ -327,10 +339,13 @@ def _build_spec(mode: str, main: str, scratch: str, limits: _Limits, uid: int | 
     if uid is None and os.getuid() != 0 and mode == "none":
         nproc += _task_count(os.getuid())  # the caller's own processes count against the same limit
     return {
-        "mode": mode, "code_path": main, "scratch": scratch, "uid": uid, "python": python, "flags": flags,
+        "mode": mode, "host_pid": os.getpid(), "code_path": main, "scratch": scratch, "uid": uid, "python": python,
+        "flags": flags,
         "expose": expose, "scratch_mb": limits.scratch_mb,
         "env": {"PATH": _SAFE_PATH, "HOME": scratch, "TMPDIR": scratch, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8"},
+                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8",
+                # one BLAS/OpenMP thread: a pool sized to a big node's cores would exceed max_processes
+                "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
         "limits": {
             "RLIMIT_AS": [limits.memory_limit_mb << 20] * 2,
             "RLIMIT_CPU": [limits.cpu_time_s, limits.cpu_time_s + 1],
@@ -404,23 +419,27 @@ def _collect(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) ->
         os.set_blocking(fd, False)
         selector.register(fd, selectors.EVENT_READ)
     pending = memoryview(stdin)
-    if proc.stdin is not None:
-        os.set_blocking(proc.stdin.fileno(), False)
-        selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+    stdin_fd = proc.stdin.fileno() if proc.stdin is not None else None
+    if stdin_fd is not None:
+        os.set_blocking(stdin_fd, False)
+        selector.register(stdin_fd, selectors.EVENT_WRITE)
     exited_at: float | None = None
     timed_out = flooded = False
     with selector:
-        while selector.get_map():
+        while True:  # until the program has exited and its pipes are drained (or held past a grace period)
             now = time.monotonic()
             if now >= deadline:
                 timed_out = True
                 break
             if exited_at is None and os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
                 exited_at = now
-            if exited_at is not None and now - exited_at > _DRAIN_GRACE_S:
+            if exited_at is not None and (not selector.get_map() or now - exited_at > _DRAIN_GRACE_S):
                 break
+            if not selector.get_map():  # it closed its output but runs on
+                time.sleep(min(deadline - now, 0.05))
+                continue
             for key, _ in selector.select(min(deadline - now, 0.05 if exited_at else 0.25)):
-                if proc.stdin is not None and key.fd == proc.stdin.fileno():
+                if key.fd == stdin_fd:
                     pending = _feed(selector, proc, pending)
                     continue
                 try:
@@ -451,6 +470,21 @@ def _feed(selector: selectors.BaseSelector, proc: subprocess.Popen, pending: mem
         selector.unregister(proc.stdin.fileno())
         proc.stdin.close()
     return pending
+
+
+def _await_pipes_closed(proc: subprocess.Popen, deadline: float) -> None:
+    """Discard output until every process holding the pipes has exited (the killed tree is gone)."""
+    fds = [f.fileno() for f in (proc.stdout, proc.stderr) if f is not None and not f.closed]
+    with selectors.DefaultSelector() as selector:
+        for fd in fds:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map() and (remaining := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(remaining):
+                try:
+                    if not os.read(key.fd, 65536):
+                        selector.unregister(key.fd)
+                except BlockingIOError:
+                    continue
 
 
 def _kill_group(pgid: int) -> None:
@@ -500,6 +534,8 @@ def _classify(result: RunResult, reports: Mapping[str, Any], boot_rc: int | None
         result.sandbox_error = f"the sandbox supervisor exited ({boot_rc}) without the program's status"
         result.reason = result.sandbox_error
         return
+    if code is None:  # flooded, and killed (by us, SIGKILL) before the supervisor could report
+        code = -signal.SIGKILL
     result.return_code = code
     hits = _inferred_limits(code, result.stderr)
     if flooded:
@@ -547,7 +583,7 @@ def _inferred_limits(code: int | None, stderr: str) -> list[str]:
 # ---------------------------------------------------------------- bootstrap (runs inside the sandbox)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -563,7 +599,9 @@ def _check(ret: int, what: str) -> None:
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
+    def enc(text: str | None) -> bytes | None:
+        return text.encode() if text is not None else None
+
     _check(_libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
 
@@ -593,6 +631,7 @@ def _boot_main(argv: list[str]) -> None:
     fd = spec["status_fd"]
     os.set_inheritable(fd, False)  # the program must not inherit it
     try:
+        _die_with_host(spec["host_pid"])
         if spec["mode"] == "none":
             _exec_program(spec, spec["scratch"], spec["code_path"])
         _enter_namespaces(spec["mode"] == "user-namespaces")
@@ -602,6 +641,13 @@ def _boot_main(argv: list[str]) -> None:
         os._exit(0)
     except BaseException as exc:  # noqa: BLE001 - whatever failed, the host must hear of it
         _report(fd, setup_error=f"{type(exc).__name__}: {exc}")
+        os._exit(125)
+
+
+def _die_with_host(host_pid: int) -> None:
+    """SIGKILL this process when the host (the thread that started it, which waits for it) dies."""
+    _check(_prctl(_PR_SET_PDEATHSIG, signal.SIGKILL), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != host_pid:  # the host died before the line above
         os._exit(125)
 
 
@@ -643,7 +689,7 @@ def _pid1(spec: dict, fd: int) -> None:
 
 
 def _setup_mounts(spec: dict, code: bytes) -> None:
-    """Private propagation, own /proc, exposed interpreter, fresh /tmp and /dev/shm, all else read-only."""
+    """Private propagation, own /proc, exposed interpreter, fresh /tmp and /dev, all else read-only."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     proc_flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     try:
@@ -658,7 +704,7 @@ def _setup_mounts(spec: dict, code: bytes) -> None:
         _mount(f"/proc/self/fd/{path_fd}", path, None, _MS_BIND | _MS_REC)
         os.close(path_fd)
     _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={spec['scratch_mb']}m,mode=1777")
-    _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={_SHM_MB}m,mode=1777")
+    _minimal_dev()
     with open(_MAIN_IN_NS, "wb") as f:
         f.write(code)
     os.chmod(_MAIN_IN_NS, 0o444)
@@ -666,6 +712,25 @@ def _setup_mounts(spec: dict, code: bytes) -> None:
     if spec["uid"] is not None:
         os.chown(_SCRATCH_IN_NS, spec["uid"], spec["uid"])
     _remount_read_only(keep={"/tmp", "/dev/shm"})
+
+
+def _minimal_dev() -> None:
+    """Replace /dev by a tmpfs with only null, zero, full, random, urandom, the std* links and a small shm.
+
+    Keeps the host's other devices (GPUs, whose /dev/nvidia* nodes are usually world-writable, kvm, fuse,
+    tun, disks) out of reach; the nodes are bind-mounted because user namespaces may not mknod.
+    """
+    held = {name: os.open(f"/dev/{name}", os.O_PATH) for name in _DEVICES if os.path.exists(f"/dev/{name}")}
+    _mount("tmpfs", "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
+    for name, node_fd in held.items():
+        open(f"/dev/{name}", "w").close()
+        _mount(f"/proc/self/fd/{node_fd}", f"/dev/{name}", None, _MS_BIND)
+        os.close(node_fd)
+    for link, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{link}")
+    os.mkdir("/dev/shm")
+    _mount("tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={_SHM_MB}m,mode=1777")
 
 
 def _remount_read_only(keep: set[str]) -> None:
@@ -703,6 +768,8 @@ def _exec_program(spec: dict, scratch: str, main: str) -> None:
     for name, (soft, hard) in spec["limits"].items():
         _lower_limit(getattr(resource, name), soft, hard)
     _drop_privileges(spec["uid"])
+    if spec["mode"] == "none":  # the uid change cleared the parent-death signal; inside namespaces PID 1 has it
+        _die_with_host(spec["host_pid"])
     argv = [spec["python"], *spec["flags"], main]
     os.execve(argv[0], argv, spec["env"])
 

@@ -71,6 +71,10 @@ class RolloutReplica:
         """Free device memory while training (GPU sleep mode; no-op on CPU)."""
         await self.engine.sleep()
 
+    async def wake_up(self) -> None:
+        """Take device memory back before serving (no-op on CPU)."""
+        await self.engine.wake_up()
+
 
 class RayReplicaClient:
     """`AsyncServerClient` over one replica actor; a dead actor becomes `ReplicaUnavailable`."""
@@ -89,9 +93,14 @@ class RayReplicaClient:
 
 
 def replica_count(config: Any, world_size: int) -> int:
-    """`rollout.replicas`, else one per tensor-parallel group of the actor's devices (verl's sizing)."""
+    """`rollout.replicas`, else one per tensor-parallel group of the actor's GPUs (verl's sizing); on CPU one,
+    since a vLLM-CPU engine binds its threads to every core and a second would only contend for them."""
     ro = config.actor_rollout_ref.rollout
-    return int(ro.replicas or max(1, world_size // ro.tensor_model_parallel_size))
+    if ro.replicas:
+        return int(ro.replicas)
+    if config.trainer.device != "cuda":
+        return 1
+    return max(1, world_size // ro.tensor_model_parallel_size)
 
 
 class RolloutService:
@@ -127,8 +136,15 @@ class RolloutService:
         return Router([RayReplicaClient(r) for r in self.replicas], on_failure=self._rejoin)
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Trajectories for every row (see `AgentLoopManager.generate_sequences`)."""
-        return self.manager.generate_sequences(prompts)
+        """Trajectories for every row (see `AgentLoopManager.generate_sequences`); on GPU the replicas sleep
+        (vLLM sleep mode, weights and KV cache released) while the trainer has the devices."""
+        import ray
+
+        ray.get([r.wake_up.remote() for r in self.replicas])
+        try:
+            return self.manager.generate_sequences(prompts)
+        finally:
+            ray.get([r.sleep.remote() for r in self.replicas])
 
     def update_weights(self, actor_group: Any) -> None:
         """Gather the actor's full weights (a collective on all ranks) and load them into every replica."""
