@@ -239,7 +239,7 @@ def test_trainer_phase_scores_samples_and_the_remax_baseline_with_the_reward_mod
         cfg, tok, WorkerGroups(actor_rollout=rollout, reward_model=rm), [batch], RewardManager(tok)
     )
     timings: dict[str, float] = {}
-    scored, _ = trainer._generate_and_score(timings)
+    scored, _ = trainer._generate_and_score({}, timings)
     assert timings["rm"] > 0 and len(scored) == 8
     lengths = scored.batch["response_mask"].sum(-1)
     assert torch.allclose(scored.batch["token_level_scores"].sum(-1), torch.full((8,), CONSTANT))
