@@ -24,7 +24,7 @@ import yaml
 from hybridflow.agent.base import AgentLoopOutput, AsyncServerClient, get_agent_loop, register_factory
 from hybridflow.agent.loops import ToolAgentLoop
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.token_io import resolve_sampling
+from hybridflow.rollout.token_io import resolve_sampling, with_validation_sampling
 from hybridflow.tools.base import BaseTool
 
 SAMPLE_FIELDS_SKIPPED = ("input_ids", "attention_mask", "position_ids")
@@ -116,10 +116,7 @@ class AgentLoopManager:
 
     def _sampling(self, meta: dict[str, Any]) -> dict[str, Any]:
         rollout = self.config.actor_rollout_ref.rollout
-        meta = dict(meta)
-        if meta.get("validate"):
-            for key in ("do_sample", "temperature", "top_p", "top_k"):
-                meta.setdefault(key, getattr(rollout.val_kwargs, key))
+        meta = with_validation_sampling(dict(meta), rollout.val_kwargs)
         params = resolve_sampling(rollout, self.response_length, {}, meta)
         params["do_sample"] = not params.pop("greedy")
         return params

@@ -9,14 +9,19 @@ is reset so no KV block computed under old weights is reused.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from hybridflow.agent.base import TokenOutput
-from hybridflow.rollout.vllm_rollout import VLLMRollout, _state_dict_to_bytes
+from hybridflow.rollout.vllm_rollout import (
+    VLLMRollout,
+    _state_dict_to_bytes,
+    bind_cpu_threads,
+    build_sampling_params,
+    eos_token_ids,
+)
 
 
 class AsyncVLLMEngine:
@@ -31,37 +36,27 @@ class AsyncVLLMEngine:
         kwargs = VLLMRollout.engine_kwargs(model_path, config, dev, response_length, prompt_length)
         kwargs.update(engine_overrides)
         if dev.type == "cpu":
-            n = os.cpu_count() or 1
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}" if n > 1 else "0")
+            bind_cpu_threads()
         if kwargs.get("distributed_executor_backend") == "external_launcher":
             kwargs.pop("distributed_executor_backend")  # a replica is not inside the trainer's world
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self.dtype = self.engine.model_config.dtype
-        tokenizer = self.engine.tokenizer
-        eos = getattr(tokenizer, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(self.engine.model_config.hf_config, "eos_token_id", None)
-        self.eos_token_ids = [] if eos is None else list(eos) if isinstance(eos, list) else [int(eos)]
+        self.eos_token_ids = eos_token_ids(self.engine.tokenizer, self.engine.model_config.hf_config)
         self.free_cache = dev.type == "cuda" and bool(kwargs.get("enable_sleep_mode"))
         self.ignore_eos = bool(getattr(config, "ignore_eos", False))
 
     def sampling(self, params: dict[str, Any]) -> Any:
         """vLLM SamplingParams from the agent loop's dict (temperature 0 or do_sample false: greedy)."""
-        from vllm import SamplingParams
-
-        greedy = not params.get("do_sample", True) or float(params.get("temperature", 1.0)) <= 0
-        top_k = int(params.get("top_k", -1))
-        return SamplingParams(
-            n=1,
-            temperature=0.0 if greedy else float(params.get("temperature", 1.0)),
-            top_p=1.0 if greedy else float(params.get("top_p", 1.0)),
-            top_k=-1 if greedy or top_k <= 0 else top_k,
+        return build_sampling_params(
+            greedy=not params.get("do_sample", True) or float(params.get("temperature", 1.0)) <= 0,
+            temperature=float(params.get("temperature", 1.0)),
+            top_p=float(params.get("top_p", 1.0)),
+            top_k=int(params.get("top_k", -1)),
             max_tokens=int(params["max_tokens"]),
-            logprobs=0 if params.get("logprobs", True) else None,
-            stop_token_ids=None if self.ignore_eos else list(self.eos_token_ids),
+            logprobs=bool(params.get("logprobs", True)),
+            eos_ids=self.eos_token_ids,
             ignore_eos=self.ignore_eos,
             seed=params.get("seed"),
-            detokenize=False,
         )
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str) -> TokenOutput:

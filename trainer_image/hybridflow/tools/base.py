@@ -96,3 +96,26 @@ class BaseTool:
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """Free the instance's state."""
         return None
+
+
+class StatefulTool(BaseTool):
+    """A tool that keeps a dict of state per instance: `create` stores `start_state(**kwargs)`, `release`
+    drops it; subclasses read `self.instances[instance_id]`."""
+
+    def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
+        super().__init__(config, tool_schema)
+        self.instances: dict[str, dict[str, Any]] = {}
+
+    def start_state(self, **kwargs: Any) -> dict[str, Any]:
+        """The state of a new instance from the sample's create_kwargs."""
+        return dict(kwargs)
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
+        """Start an instance holding `start_state(**kwargs)`."""
+        instance_id, response = await super().create(instance_id)
+        self.instances[instance_id] = self.start_state(**kwargs)
+        return instance_id, response
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """Forget the instance."""
+        self.instances.pop(instance_id, None)

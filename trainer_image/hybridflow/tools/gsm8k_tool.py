@@ -9,15 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from hybridflow.rewards.gsm8k import compute_score
-from hybridflow.tools.base import BaseTool, OpenAIFunctionToolSchema, ToolResponse
+from hybridflow.tools.base import OpenAIFunctionToolSchema, StatefulTool, ToolResponse
 
 
-class Gsm8kTool(BaseTool):
+class Gsm8kTool(StatefulTool):
     """`calc_gsm8k_reward(answer)`: 1.0 when the answer equals the ground truth, else 0.0."""
-
-    def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
-        super().__init__(config, tool_schema)
-        self._instances: dict[str, dict[str, Any]] = {}
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         """The default schema (verl's example's name and parameter)."""
@@ -31,15 +27,13 @@ class Gsm8kTool(BaseTool):
             },
         })
 
-    async def create(self, instance_id: str | None = None, ground_truth: Any = None, **kwargs: Any) -> tuple[str, ToolResponse]:
+    def start_state(self, ground_truth: Any = None, **kwargs: Any) -> dict[str, Any]:
         """Remember the sample's ground truth for this trajectory."""
-        instance_id, response = await super().create(instance_id)
-        self._instances[instance_id] = {"ground_truth": ground_truth, "reward": 0.0}
-        return instance_id, response
+        return {"ground_truth": ground_truth, "reward": 0.0}
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
         """Score `parameters["answer"]` (GSM8K's '#### <number>' form is added when missing)."""
-        state = self._instances.get(instance_id)
+        state = self.instances.get(instance_id)
         if state is None:
             return ToolResponse(text="error: the tool instance is gone; call create first"), 0.0, {}
         answer = str(parameters.get("answer", "")).strip()
@@ -52,8 +46,4 @@ class Gsm8kTool(BaseTool):
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         """The best score any call of this trajectory got."""
-        return float(self._instances.get(instance_id, {}).get("reward", 0.0))
-
-    async def release(self, instance_id: str, **kwargs: Any) -> None:
-        """Forget the trajectory."""
-        self._instances.pop(instance_id, None)
+        return float(self.instances.get(instance_id, {}).get("reward", 0.0))

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from hybridflow.tools.base import BaseTool, OpenAIFunctionToolSchema, ToolResponse
+from hybridflow.tools.base import OpenAIFunctionToolSchema, StatefulTool, ToolResponse
 
 
-class LookupTool(BaseTool):
+class LookupTool(StatefulTool):
     """`lookup(key?)`: the value stored under `key` (default: the key the prompt asks about)."""
-
-    def __init__(self, config: dict[str, Any], tool_schema: OpenAIFunctionToolSchema | None = None) -> None:
-        super().__init__(config, tool_schema)
-        self._instances: dict[str, dict[str, Any]] = {}
 
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         """One optional string parameter, the key."""
@@ -29,21 +25,14 @@ class LookupTool(BaseTool):
             },
         })
 
-    async def create(self, instance_id: str | None = None, table: dict[str, str] | None = None,
-                     key: str | None = None, **kwargs: Any) -> tuple[str, ToolResponse]:
+    def start_state(self, table: dict[str, str] | None = None, key: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Hold this sample's table."""
-        instance_id, response = await super().create(instance_id)
-        self._instances[instance_id] = {"table": dict(table or {}), "key": key}
-        return instance_id, response
+        return {"table": dict(table or {}), "key": key}
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict[str, Any]]:
         """The value, or an error text naming the known keys."""
-        state = self._instances.get(instance_id, {"table": {}, "key": None})
+        state = self.instances.get(instance_id, {"table": {}, "key": None})
         key = parameters.get("key") or state["key"]
         if key not in state["table"]:
             return ToolResponse(text=f"error: no key {key!r}; known keys: {sorted(state['table'])}"), 0.0, {}
         return ToolResponse(text=str(state["table"][key])), 0.0, {}
-
-    async def release(self, instance_id: str, **kwargs: Any) -> None:
-        """Forget the sample's table."""
-        self._instances.pop(instance_id, None)

@@ -152,11 +152,9 @@ class ActorRolloutRefWorker(_DistributedWorker):
         """Responses for this rank's prompts; meta_info: do_sample, temperature, top_p, top_k, n, validate."""
         if self.rollout is None:
             raise RuntimeError(f"generate_sequences on a worker with role {self.role!r}, which has no rollout")
-        meta = prompts.meta_info
-        if meta.get("validate"):
-            val = self.config.actor_rollout_ref.rollout.val_kwargs
-            for key in ("do_sample", "temperature", "top_p", "top_k"):
-                meta.setdefault(key, getattr(val, key))
+        from hybridflow.rollout.token_io import with_validation_sampling
+
+        meta = with_validation_sampling(prompts.meta_info, self.config.actor_rollout_ref.rollout.val_kwargs)
         n = int(meta.get("n", 1))
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
