@@ -288,6 +288,40 @@ def test_router_retries_on_another_replica_and_recovers_the_failed_one() -> None
     assert token == 2 and recovered == 0 and alive == [True, True]
 
 
+def test_router_counts_failovers_and_logs_a_recovery_that_fails(caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> tuple[int, list[bool]]:
+        async def cannot_rejoin(index: int) -> None:
+            raise RuntimeError("the replica did not come back")
+
+        router = Router([ScriptedServer([[1]], fail_first=1), ScriptedServer([[2]])], on_failure=cannot_rejoin)
+        router.outstanding[1] = 5
+        await router.generate(request_id="a", prompt_ids=[0], sampling_params={"max_tokens": 1})
+        await router.wait_recovered()
+        return router.failovers, router.alive
+
+    failovers, alive = run(main())
+    assert failovers == 1 and alive == [False, True]  # the others keep serving
+    assert "could not be recovered" in caplog.text
+
+
+def test_router_close_cancels_recoveries_in_progress() -> None:
+    async def main() -> bool:
+        started = asyncio.Event()
+
+        async def slow_rejoin(index: int) -> None:
+            started.set()
+            await asyncio.sleep(3600)
+
+        router = Router([ScriptedServer([[1]], fail_first=1), ScriptedServer([[2]])], on_failure=slow_rejoin)
+        router.outstanding[1] = 5
+        await router.generate(request_id="a", prompt_ids=[0], sampling_params={"max_tokens": 1})
+        await started.wait()
+        await asyncio.wait_for(router.close(), 5)
+        return not router._recoveries
+
+    assert run(main())
+
+
 def test_router_without_live_replicas_says_so() -> None:
     async def main() -> None:
         router = Router([ScriptedServer([[1]], fail_first=100)])
@@ -328,3 +362,38 @@ def test_manager_packs_trajectories_like_the_batch_rollout_with_tool_turns_maske
     assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], dim=1))
     assert out.meta_info["metrics"]["agent/tool_calls/mean"] == 1.0
     assert out.non_tensor_batch["num_turns"].tolist() == [4, 4, 4, 4]
+
+
+class CachingServer(ScriptedServer):
+    """Reports, as vLLM does, how many prompt tokens its prefix cache served: a later turn of a trajectory
+    finds everything the earlier turns sent and produced."""
+
+    def __init__(self, turns: list[list[int]]) -> None:
+        super().__init__(turns)
+        self.seen: dict[str, int] = {}
+
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+        out = await super().generate(request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+        cached = self.seen.get(request_id, 0)
+        self.seen[request_id] = len(prompt_ids) + len(out.token_ids)
+        return TokenOutput(out.token_ids, out.log_probs, out.finish_reason, cached)
+
+
+def test_manager_reports_the_prefix_cache_hit_rate_over_every_turn() -> None:
+    cfg = config("actor_rollout_ref.rollout.multi_turn.enable=true", response_length=40)
+    row = build_rows(1, "train")[0]
+    prompt_ids = ids(TOK.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False))
+    batch = collate_fn([{"input_ids": torch.tensor(prompt_ids), "raw_prompt_ids": prompt_ids, "raw_prompt": row["prompt"],
+                         "extra_info": row["extra_info"], "agent_name": row["agent_name"],
+                         "attention_mask": torch.ones(len(prompt_ids), dtype=torch.long)}])
+    server = CachingServer([[CALL, EOS], ids("q") + [EOS]])
+    manager = AgentLoopManager(cfg, TOK, server, tools=[LookupTool({}, None)])
+    try:
+        metrics = manager.generate_sequences(batch).meta_info["metrics"]
+        outputs = manager.run_trajectories(batch)
+    finally:
+        manager.events.close()
+    first, second = (len(c["prompt_ids"]) for c in server.calls[:2])
+    assert metrics["agent/prefix_cache_hit_rate"] == pytest.approx((len(prompt_ids) + 2) / (first + second))
+    assert metrics["agent/replica_failovers"] == 0.0
+    assert len(outputs) == 1 and outputs[0].metrics["prompt_tokens"] == first + second

@@ -28,6 +28,7 @@ class TokenOutput:
     token_ids: list[int]
     log_probs: list[float] | None = None
     finish_reason: str = "stop"  # stop (EOS / stop token), length (max_tokens), abort (cancelled)
+    cached_tokens: int | None = None  # prompt tokens served from the engine's prefix cache, when it reports them
 
 
 class AsyncServerClient(Protocol):

@@ -41,7 +41,7 @@ class SingleTurnAgentLoop(AgentLoopBase):
             response_mask=[1] * len(ids),
             response_logprobs=_logprobs(out, len(ids)),
             num_turns=2,
-            metrics={"aborted": float(out.finish_reason == "abort")},
+            metrics={"aborted": float(out.finish_reason == "abort"), **_cache_stats(len(prompt_ids), out)},
         )
 
 
@@ -79,6 +79,8 @@ class ToolAgentLoop(AgentLoopBase):
                     request_id=request_id, prompt_ids=prompt_ids + response, sampling_params=params
                 )
                 ids = out.token_ids[:budget]
+                for key, value in _cache_stats(len(prompt_ids) + len(response), out).items():
+                    stats[key] = stats.get(key, 0.0) + value
                 response += ids
                 mask += [1] * len(ids)
                 logprobs += _logprobs(out, len(ids)) or [0.0] * len(ids)
@@ -161,6 +163,13 @@ class ToolAgentLoop(AgentLoopBase):
 
 def _reached(limit: int | None, count: int) -> bool:
     return limit is not None and count >= limit
+
+
+def _cache_stats(prompt_len: int, out: TokenOutput) -> dict[str, float]:
+    """Prompt tokens of one turn and how many of them the engine's prefix cache served (when it says)."""
+    if out.cached_tokens is None:
+        return {}
+    return {"prompt_tokens": float(prompt_len), "cached_tokens": float(out.cached_tokens)}
 
 
 def _logprobs(out: TokenOutput, n: int) -> list[float] | None:

@@ -111,8 +111,16 @@ class AgentLoopManager:
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One trajectory per row of `prompts` (rows already repeated n times); see the module docstring."""
         sampling = self._sampling(prompts.meta_info)
+        failovers = getattr(self.server, "failovers", 0)
         outputs = self.events.run(self._run_all(prompts, sampling))
-        return self._pack(prompts, outputs, sampling["calculate_log_probs"])
+        batch = self._pack(prompts, outputs, sampling["calculate_log_probs"])
+        # requests moved off a failed replica during this call (a `Router` counts them)
+        batch.meta_info["metrics"]["agent/replica_failovers"] = float(getattr(self.server, "failovers", 0) - failovers)
+        return batch
+
+    def run_trajectories(self, prompts: DataProto) -> list[AgentLoopOutput]:
+        """The agent loops' outputs for every row, unpacked (each with its own `metrics`)."""
+        return self.events.run(self._run_all(prompts, self._sampling(prompts.meta_info)))
 
     def _sampling(self, meta: dict[str, Any]) -> dict[str, Any]:
         rollout = self.config.actor_rollout_ref.rollout
@@ -188,11 +196,17 @@ class AgentLoopManager:
 
 
 def trajectory_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
-    """Per-step agent metrics: turns (mean/max/min), tool calls, tool errors and latency, aborted trajectories."""
+    """Per-step agent metrics: turns (mean/max/min), tool calls, tool errors and latency, aborted trajectories, and
+    the share of prompt tokens (every turn's) served from the prefix cache."""
     turns = [o.num_turns for o in outputs] or [0]
     total = {key: sum(o.metrics.get(key, 0.0) for o in outputs) for key in ("tool_calls", "tool_errors", "tool_latency_s", "aborted")}
     n = max(len(outputs), 1)
+    prompt_tokens = sum(o.metrics.get("prompt_tokens", 0.0) for o in outputs)
+    cache = {}
+    if prompt_tokens:  # engines that report their prefix-cache hits (vLLM does)
+        cache["agent/prefix_cache_hit_rate"] = sum(o.metrics.get("cached_tokens", 0.0) for o in outputs) / prompt_tokens
     return {
+        **cache,
         "agent/num_turns/mean": float(np.mean(turns)),
         "agent/num_turns/max": float(max(turns)),
         "agent/num_turns/min": float(min(turns)),

@@ -10,12 +10,14 @@ Ray-free: a replica is anything with an async `generate` (a Ray actor client in 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from hybridflow.agent.base import AsyncServerClient, TokenOutput
 
+logger = logging.getLogger(__name__)
 MAX_SESSIONS = 100_000
 
 
@@ -38,6 +40,7 @@ class Router:
         self.outstanding = [0] * len(self.replicas)
         self.alive = [True] * len(self.replicas)
         self.requests_served = [0] * len(self.replicas)
+        self.failovers = 0  # requests retried elsewhere because their replica failed
         self.sessions: OrderedDict[str, int] = OrderedDict()
         self.on_failure = on_failure
         self._recoveries: dict[int, asyncio.Task[None]] = {}
@@ -71,6 +74,7 @@ class Router:
                     request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
                 )
             except ReplicaUnavailable:
+                self.failovers += 1
                 self.mark_failed(index)
                 continue
             finally:
@@ -96,6 +100,8 @@ class Router:
             assert self.on_failure is not None
             await self.on_failure(index)
             self.alive[index] = True
+        except Exception:  # noqa: BLE001 - the replica stays out; the others keep serving
+            logger.exception("rollout replica %d could not be recovered; continuing with the others", index)
         finally:
             self._recoveries.pop(index, None)
 
@@ -108,3 +114,10 @@ class Router:
         """Wait until no recovery is in progress (the trainer calls it before pushing new weights)."""
         while self._recoveries:
             await asyncio.gather(*self._recoveries.values(), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stop recoveries in progress (the service is shutting down)."""
+        tasks = list(self._recoveries.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -75,7 +75,7 @@ class AsyncVLLMEngine:
         if choice.logprobs is not None:
             logprobs = [float(step[t].logprob) for step, t in zip(choice.logprobs, tokens, strict=False)]
         reason = choice.finish_reason or ("abort" if not final.finished else "stop")
-        return TokenOutput(tokens, logprobs, "abort" if reason == "abort" else str(reason))
+        return TokenOutput(tokens, logprobs, "abort" if reason == "abort" else str(reason), final.num_cached_tokens)
 
     async def abort(self, request_id: str) -> None:
         """Cancel a request in flight (its `generate` returns with finish_reason abort)."""

@@ -130,6 +130,7 @@ class RolloutService:
         self.router = self.events.run(self._make_router())
         self.manager = AgentLoopManager(config, tokenizer, self.router, events=self.events)
         self.version = 0
+        self.generating = False
         self._weights: Any = None  # object ref of the latest full state dict, for replicas that rejoin
 
     async def _make_router(self) -> Router:
@@ -138,13 +139,13 @@ class RolloutService:
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Trajectories for every row (see `AgentLoopManager.generate_sequences`); on GPU the replicas sleep
         (vLLM sleep mode, weights and KV cache released) while the trainer has the devices."""
-        import ray
-
-        ray.get([r.wake_up.remote() for r in self.replicas])
+        self._broadcast("wake_up")
+        self.generating = True
         try:
             return self.manager.generate_sequences(prompts)
         finally:
-            ray.get([r.sleep.remote() for r in self.replicas])
+            self.generating = False
+            self._broadcast("sleep")
 
     def update_weights(self, actor_group: Any) -> None:
         """Gather the actor's full weights (a collective on all ranks) and load them into every replica."""
@@ -154,7 +155,30 @@ class RolloutService:
         refs = [w.full_state_dict_rank0.remote() for w in actor_group.workers]
         self.version += 1
         self._weights = refs[0]
-        ray.get([r.load_weights.remote(refs[0], self.version) for r in self.replicas] + refs[1:])
+        self._broadcast("load_weights", refs[0], self.version)
+        ray.get(refs[1:])
+
+    def _broadcast(self, method: str, *args: Any) -> None:
+        """Call `method` on every replica; one that is dead or restarting is handed to the router, whose
+        recovery (`_rejoin`) brings it back with the current weights."""
+        import ray
+        import ray.exceptions as rex
+
+        refs = [getattr(r, method).remote(*args) for r in self.replicas]
+        failed = []
+        for index, ref in enumerate(refs):
+            try:
+                ray.get(ref)
+            except (rex.RayActorError, rex.ActorUnavailableError) as err:
+                logger.warning("rollout replica %d is down during %s (%s); it rejoins once Ray restarts it",
+                               index, method, type(err).__name__)
+                failed.append(index)
+        if failed:
+            self.events.run(self._mark_failed(failed))
+
+    async def _mark_failed(self, indices: list[int]) -> None:
+        for index in indices:
+            self.router.mark_failed(index)
 
     async def _rejoin(self, index: int) -> None:
         """A replica failed: wait for Ray to restart it, push the current weights, then serve again."""
@@ -169,12 +193,15 @@ class RolloutService:
             raise RuntimeError(f"rollout replica {index} did not come back after a failure; see its log")
         if self._weights is not None:
             await replica.load_weights.remote(self._weights, self.version)
+        if not self.generating:  # it came back while the trainer has the devices
+            await replica.sleep.remote()
         logger.warning("rollout replica %d restarted and resynced to weight version %d", index, self.version)
 
     def shutdown(self) -> None:
         """Kill the replicas and stop the event loop."""
         import ray
 
+        self.events.run(self.router.close())
         for replica in self.replicas:
             ray.kill(replica, no_restart=True)
         self.events.close()
