@@ -11,8 +11,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
+
+from hybridflow._config.values import Location, refuse_bool_as_number
 
 GROUP = "rl.hybridflow.dev"
 VERSION = "v1alpha1"
@@ -31,11 +33,12 @@ QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 #: A quantity is an integer or a string such as "500m", "16Gi" (CRD: x-kubernetes-int-or-string).
-Quantity = int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]
+#: The integer is strict, as in the API server: a string is never turned into one ("4\n" is refused).
+Quantity = Annotated[int, Strict()] | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)]
 
 
 class _Model(BaseModel):
-    """Base for every API model: unknown fields are errors, camelCase on the wire."""
+    """Base for every API model: unknown fields are errors, camelCase on the wire, true/false is no number."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -44,6 +47,13 @@ class _Model(BaseModel):
         validate_by_alias=True,
         serialize_by_alias=True,
     )
+
+    # pydantic would read `cpu: true` as 1 CPU; the trainer config refuses booleans as numbers the same way.
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse true/false for every number field (see hybridflow._config.values)."""
+        return refuse_bool_as_number(cls, value, info)
 
 
 # ---------------------------------------------------------------------------------------------- spec
@@ -177,11 +187,11 @@ class PodSpec(_Model):
 class CheckpointSpec(_Model):
     """Where checkpoints go; every attempt resumes from the latest committed one."""
 
-    uri: str | None = Field(
+    uri: Location | None = Field(
         default=None,
         description="Checkpoint location: s3://bucket/prefix, gs://bucket/prefix, file:///path or /path. "
-        "Overrides spec.config.trainer.default_local_dir. Use object storage on a cluster: every attempt "
-        "runs on fresh pods.",
+        "The operator sets spec.config.trainer.default_local_dir from it (setting both is an error). Use "
+        "object storage on a cluster: every attempt runs on fresh pods.",
     )
     secret_ref: LocalObjectReference | None = Field(
         default=None,
@@ -189,7 +199,10 @@ class CheckpointSpec(_Model):
         "imported as environment variables of the trainer pods.",
     )
     keep: int | None = Field(
-        default=None, ge=1, description="How many checkpoints to keep (older ones are deleted); unset keeps all."
+        default=None,
+        ge=1,
+        description="How many checkpoints to keep (older ones are deleted); unset keeps all. The operator sets "
+        "spec.config.trainer.max_actor_ckpt_to_keep and max_critic_ckpt_to_keep from it (setting both is an error).",
     )
 
 

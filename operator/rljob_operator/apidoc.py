@@ -33,12 +33,9 @@ def _anchor(model: type[BaseModel]) -> str:
 
 
 def _is_quantity(tp: Any) -> bool:
-    """True for api.Quantity (int | a pattern-constrained str), possibly optional."""
-    args = typing.get_args(tp)
-    return (
-        typing.get_origin(tp) in (typing.Union, types.UnionType)
-        and int in args
-        and any(typing.get_origin(a) is typing.Annotated for a in args)
+    """True for api.Quantity (a strict int | a pattern-constrained str), possibly optional."""
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(api.Quantity)) <= set(
+        typing.get_args(tp)
     )
 
 

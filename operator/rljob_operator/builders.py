@@ -31,15 +31,26 @@ def merged_config(rljob: api.RLJob) -> dict[str, Any]:
     `trainer.resume_mode` is `auto` so that every attempt resumes from the latest committed checkpoint.
     """
     merged: dict[str, Any] = copy.deepcopy(dict(rljob.spec.config))
-    trainer = merged.get("trainer")
-    trainer = merged["trainer"] = dict(trainer) if isinstance(trainer, dict) else {}
-    if rljob.spec.checkpoint.uri:
-        trainer["default_local_dir"] = rljob.spec.checkpoint.uri
-    if rljob.spec.checkpoint.keep is not None:
-        trainer["max_actor_ckpt_to_keep"] = rljob.spec.checkpoint.keep
-        trainer["max_critic_ckpt_to_keep"] = rljob.spec.checkpoint.keep
-    trainer["resume_mode"] = "auto"
+    trainer = merged.setdefault("trainer", {})
+    if not isinstance(trainer, dict):
+        return merged  # not a mapping: validation reports it, nothing is silently replaced
+    trainer.update(operator_trainer_values(rljob))
     return merged
+
+
+def operator_trainer_values(rljob: api.RLJob) -> dict[str, Any]:
+    """The `trainer.*` values the operator decides for an RLJob (merged_config writes them over spec.config).
+
+    Validation refuses a user value for any of these keys (and for trainer.metrics_port, which the
+    pods' $HYBRIDFLOW_METRICS_PORT decides): the RLJob field named in the message is the one to set.
+    """
+    values: dict[str, Any] = {"resume_mode": "auto"}
+    if rljob.spec.checkpoint.uri:
+        values["default_local_dir"] = rljob.spec.checkpoint.uri
+    if rljob.spec.checkpoint.keep is not None:
+        values["max_actor_ckpt_to_keep"] = rljob.spec.checkpoint.keep
+        values["max_critic_ckpt_to_keep"] = rljob.spec.checkpoint.keep
+    return values
 
 
 def trainer_config(rljob: api.RLJob) -> HybridFlowConfig:

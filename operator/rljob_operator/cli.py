@@ -12,11 +12,12 @@ import importlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
+from hybridflow import yamlio
+from hybridflow.crash import INTERNAL_ERROR, report_bug
 from rljob_operator import api, changes
 from rljob_operator.builders import build_children
 from rljob_operator.settings import parse_pod_defaults
@@ -73,29 +74,51 @@ def main(argv: list[str] | None = None) -> int:
 
 # ------------------------------------------------------------------------------------------ documents
 
-
-def _read(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    return Path(path).read_text()
+#: Exit statuses of `validate` and `render` (documented in their --help, README and docs/troubleshooting.md).
+EXIT_VALID, EXIT_INVALID, EXIT_USAGE, EXIT_UNREADABLE, EXIT_BUG = 0, 1, 2, 3, INTERNAL_ERROR
+EXIT_CODES = (
+    "exit status: 0 every document is valid; 1 a document is invalid (or there is no RLJob); 2 wrong "
+    "options; 3 a file could not be read (missing, not UTF-8, not YAML, duplicate keys, over a size, "
+    "depth or alias limit); 4 internal error (a bug: please report it with the input)"
+)
 
 
 def _documents(path: str) -> Iterator[tuple[int, Any]]:
-    """(1-based index, object) for each non-empty YAML document of a file; raises OSError/YAMLError."""
-    for index, doc in enumerate(yaml.safe_load_all(_read(path)), start=1):
+    """(1-based index, object) for each non-empty YAML document of a file; raises YamlError."""
+    for index, doc in enumerate(yamlio.read_all(path), start=1):
         if doc is not None:
             yield index, doc
 
 
 def _label(index: int, doc: Any) -> str:
     if isinstance(doc, dict):
-        name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
-        return f"document {index} ({doc.get('kind', '?')}/{name})"
+        meta = doc.get("metadata")
+        name = meta.get("name", "?") if isinstance(meta, dict) else "?"
+        return f"document {index} ({yamlio.shorten(str(doc.get('kind', '?')), 60)}/{yamlio.shorten(str(name), 80)})"
     return f"document {index}"
 
 
 def _is_rljob(doc: Any) -> bool:
     return isinstance(doc, dict) and doc.get("kind") == api.KIND
+
+
+def not_an_object(doc: Any) -> str | None:
+    """Why a document cannot be a Kubernetes object at all, or None; `rljob validate` must not skip it.
+
+    Other kinds (a Secret, a ConfigMap next to the RLJob) are skipped; a list, a scalar, a mapping
+    without kind, or a near miss of RLJob (`kind: RLjob`, any kind in our API group) is an error.
+    """
+    if not isinstance(doc, dict):
+        return (f"<document>: expected a Kubernetes object (a mapping with apiVersion and kind), got "
+                f"{type(doc).__name__} {yamlio.shorten_repr(doc, 60)}; fix the document or remove it")
+    kind, version = doc.get("kind"), doc.get("apiVersion")
+    if not isinstance(kind, str) or not kind:
+        return f"kind: missing or not a string; set kind: {api.KIND} (and apiVersion: {api.API_VERSION})"
+    if not isinstance(version, str) or not version:
+        return f"apiVersion: missing or not a string; set apiVersion: {api.API_VERSION} for an RLJob"
+    if kind != api.KIND and (kind.lower() == api.KIND.lower() or version.split("/")[0] == api.GROUP):
+        return f"kind: {yamlio.shorten_repr(kind, 60)} is not a kind of {api.GROUP}; did you mean {api.KIND}?"
+    return None
 
 
 def _load_all(files: list[str], err: TextIO) -> list[tuple[str, int, Any]] | None:
@@ -104,30 +127,46 @@ def _load_all(files: list[str], err: TextIO) -> list[tuple[str, int, Any]] | Non
     for path in files:
         try:
             docs.extend((path, i, d) for i, d in _documents(path))
-        except OSError as e:
-            print(f"{path}: cannot read: {e.strerror or e}; check the path", file=err)
-            return None
-        except yaml.YAMLError as e:
-            print(f"{path}: not valid YAML: {e}", file=err)
+        except yamlio.YamlError as e:
+            print(e, file=err)
             return None
     return docs
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """One document of a manifest file: where it is, the object, its checks (None if not an RLJob)."""
+    """One document of a manifest file: where it is, the object, its checks (None if skipped)."""
 
     where: str
     doc: Any
     report: ValidationReport | None
 
 
+class _Crash(Exception):
+    """An unexpected exception while checking one document (reported as a bug, with its location)."""
+
+    def __init__(self, where: str, error: Exception) -> None:
+        super().__init__(where)
+        self.where, self.error = where, error
+
+
 def _manifest_parser(prog: str, description: str) -> argparse.ArgumentParser:
     """The parser `validate` and `render` share: a repeatable, required -f/--filename."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=EXIT_CODES)
     parser.add_argument("-f", "--filename", action="append", required=True, metavar="FILE",
                         help="manifest file (repeatable; - reads stdin)")  # fmt: skip
     return parser
+
+
+def _check(where: str, doc: Any) -> Manifest:
+    """One document checked: an RLJob's report, an error for a non-object, None for other kinds."""
+    try:
+        problem = not_an_object(doc)
+        if problem is not None:
+            return Manifest(where, doc, ValidationReport(errors=[problem]))
+        return Manifest(where, doc, check_rljob(doc) if _is_rljob(doc) else None)
+    except Exception as exc:  # noqa: BLE001 - reported as a bug with the document's location
+        raise _Crash(where, exc) from exc
 
 
 def _check_manifests(files: list[str]) -> list[Manifest] | None:
@@ -135,33 +174,43 @@ def _check_manifests(files: list[str]) -> list[Manifest] | None:
     docs = _load_all(files, sys.stderr)
     if docs is None:
         return None
-    return [
-        Manifest(f"{path}: {_label(index, doc)}", doc, check_rljob(doc) if _is_rljob(doc) else None)
-        for path, index, doc in docs
-    ]
+    return [_check(f"{path}: {_label(index, doc)}", doc) for path, index, doc in docs]
 
 
 def _no_rljob_found(files: list[str]) -> int:
     """Say on stderr that `files` hold no RLJob; return exit status 1."""
     print(f"no RLJob found in {', '.join(files)}; expected kind: {api.KIND}", file=sys.stderr)
-    return 1
+    return EXIT_INVALID
+
+
+def _guarded(prog: str, run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a subcommand; an unexpected exception is reported as a bug naming the input, never a traceback."""
+    try:
+        return run(args)
+    except _Crash as crash:
+        return report_bug(prog, crash.where, crash.error, sys.stderr)
+    except Exception as exc:  # noqa: BLE001
+        return report_bug(prog, ", ".join(args.filename), exc, sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------- validate
 
 
 def validate_main(argv: list[str]) -> int:
-    """`rljob validate -f FILE...`: exit 0 if every RLJob is valid, 1 listing every problem otherwise."""
+    """`rljob validate -f FILE...`: exit 0 only if every document is valid (see EXIT_CODES)."""
     parser = _manifest_parser(
         "rljob validate",
         "Check RLJob manifests offline with the operator's own rules: the API schema, the "
         "trainer config (hybridflow.config) and whether the cluster shape fits. Multi-document YAML; "
-        "documents that are not RLJobs are skipped.",
+        "documents of other kinds are skipped, documents that are no Kubernetes object are invalid.",
     )
-    args = parser.parse_args(argv)
+    return _guarded("rljob validate", _validate, parser.parse_args(argv))
+
+
+def _validate(args: argparse.Namespace) -> int:
     manifests = _check_manifests(args.filename)
     if manifests is None:
-        return 1
+        return EXIT_UNREADABLE
     invalid = checked = 0
     for item in manifests:
         if item.report is None:
@@ -180,7 +229,7 @@ def validate_main(argv: list[str]) -> int:
             print(f"{item.where}: valid")
     if checked == 0:
         return _no_rljob_found(args.filename)
-    return 1 if invalid else 0
+    return EXIT_INVALID if invalid else EXIT_VALID
 
 
 # --------------------------------------------------------------------------------------------- render
@@ -209,15 +258,18 @@ def render_main(argv: list[str]) -> int:
     parser.add_argument("--pod-defaults", metavar="YAML",
                         help="the operator's pod defaults (its --pod-defaults, the chart's podDefaults), under "
                              "each RLJob's own spec.pod")
-    args = parser.parse_args(argv)
+    return _guarded("rljob render", _render, parser.parse_args(argv))
+
+
+def _render(args: argparse.Namespace) -> int:
     try:
         pod_defaults = parse_pod_defaults("--pod-defaults", args.pod_defaults)
     except ValueError as err:
         print(f"rljob render: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     manifests = _check_manifests(args.filename)
     if manifests is None:
-        return 1
+        return EXIT_UNREADABLE
     rendered: list[dict[str, Any]] = []
     failed = False
     for item in manifests:
@@ -229,21 +281,30 @@ def render_main(argv: list[str]) -> int:
             for problem in item.report.errors:
                 print(f"  - {problem}", file=sys.stderr)
             continue
-        rljob = api.RLJob.model_validate(item.doc)
-        if not rljob.metadata.uid:
-            rljob.metadata.uid = PLACEHOLDER_UID
-        notes = changes.attempt_annotations(item.doc, changes.checkpoint_location(item.doc))
-        rendered.extend(build_children(rljob, args.attempt, notes, default_image=args.trainer_image,
-                                       pod_defaults=pod_defaults))
+        try:
+            rendered.extend(_children(item.doc, args, pod_defaults))
+        except Exception as exc:  # noqa: BLE001 - reported as a bug with the document's location
+            raise _Crash(item.where, exc) from exc
     if failed:
-        return 1
+        return EXIT_INVALID
     if not rendered:
         return _no_rljob_found(args.filename)
+    text = yaml.safe_dump_all(rendered, sort_keys=False, default_flow_style=False)
     print(f"# Rendered offline by `rljob render` (attempt {args.attempt}); nothing was applied.")
     print(f"# ownerReferences carry the placeholder uid {PLACEHOLDER_UID} unless the manifest had a uid:")
     print("# on a cluster the operator creates these objects with the RLJob's real uid.")
-    print(yaml.safe_dump_all(rendered, sort_keys=False, default_flow_style=False), end="")
-    return 0
+    print(text, end="")
+    return EXIT_VALID
+
+
+def _children(doc: dict[str, Any], args: argparse.Namespace, pod_defaults: api.PodSpec) -> list[dict[str, Any]]:
+    """The ConfigMap and RayJob of one valid RLJob document, as the operator would create them."""
+    rljob = api.RLJob.model_validate(doc)
+    if not rljob.metadata.uid:
+        rljob.metadata.uid = PLACEHOLDER_UID
+    notes = changes.attempt_annotations(doc, changes.checkpoint_location(doc))
+    return list(build_children(rljob, args.attempt, notes, default_image=args.trainer_image,
+                               pod_defaults=pod_defaults))
 
 
 if __name__ == "__main__":

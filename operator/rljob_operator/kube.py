@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import yaml
+
+from hybridflow import yamlio
 
 Obj = dict[str, Any]
 SA_DIR = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -72,7 +73,10 @@ def load_credentials(kubeconfig: str | None = None) -> Credentials:
     if not pathlib.Path(path).exists():
         raise RuntimeError(f"no Kubernetes credentials: {path} does not exist and this is not a pod; "
                            f"set KUBECONFIG to a kubeconfig file")
-    config = yaml.safe_load(pathlib.Path(path).read_text()) or {}
+    try:
+        config = yamlio.read_mapping(path, "kubeconfig settings", file="kubeconfig")
+    except yamlio.YamlError as err:
+        raise RuntimeError(f"kubeconfig {err}; point KUBECONFIG at a valid kubeconfig file") from None
     ctx_name = config.get("current-context")
     ctx = next((c["context"] for c in config.get("contexts", []) if c["name"] == ctx_name), None)
     if ctx is None:

@@ -29,8 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import yaml
-
+from hybridflow import yamlio
 from hybridflow.config import ConfigError, HybridFlowConfig, apply_overrides, parse_config
 from rljob_operator import api, names
 from rljob_operator.builders import TRAINER_MODULE, build_configmap, build_rayjob
@@ -158,7 +157,7 @@ def build_local_run(
     argv = [*localize_entrypoint(rayjob["spec"]["entrypoint"], config_path, python), *overrides]
     # What main_ppo does with this argv: load_config(config file, every key=value after it), then the
     # run checks. (Its parse_argv is not imported: the operator package depends on hybridflow.config only.)
-    config = parse_config(apply_overrides(yaml.safe_load(config_text), argv[4:]))
+    config = parse_config(apply_overrides(yamlio.load_mapping(config_text, names.CONFIG_KEY), argv[4:]))
     config.validate_for_run()
     env, notes = _local_env(_head_container(rayjob), rljob, environ)
     return LocalRun(rljob.metadata.name, argv, env, config_text, config_path, config, notes)
@@ -212,12 +211,9 @@ def local_gpu_count() -> int:
 def _load_rljob(path: str) -> tuple[Any, list[str]]:
     """The one RLJob document of a file, or (None, problems) saying what is wrong with the file."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except OSError as err:
-        return None, [f"{path}: cannot read: {err.strerror or err}; check the path"]
-    except yaml.YAMLError as err:
-        return None, [f"{path}: not valid YAML: {err}"]
+        docs = [d for d in yamlio.read_all(path) if d is not None]
+    except yamlio.YamlError as err:
+        return None, [str(err)]
     jobs = [d for d in docs if isinstance(d, dict) and d.get("kind") == api.KIND]
     if len(jobs) == 1:
         return jobs[0], []

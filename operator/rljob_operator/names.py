@@ -7,7 +7,8 @@ import re
 #: KubeRay rejects RayJob names longer than this: it appends 6 characters to make the RayCluster name,
 #: which may have at most 53 (utils.MaxRayJobNameLength in ray-operator).
 MAX_RAYJOB_NAME_LENGTH = 47
-#: KubeRay also requires a RayJob name to be a DNS-1035 label (starts with a letter).
+#: KubeRay also requires a RayJob name to be a DNS-1035 label (starts with a letter). Match it with
+#: `fullmatch`: `$` alone also matches before a final newline, so "demo\n" would pass.
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 CONFIG_KEY = "config.yaml"

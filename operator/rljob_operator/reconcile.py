@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from hybridflow import yamlio
 from rljob_operator import api, changes, metrics, names
 from rljob_operator.builders import RAY_API_VERSION, build_children
 from rljob_operator.kube import KubeApiError, KubeClient
@@ -35,6 +36,19 @@ from rljob_operator.validation import validate_rljob
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
+
+
+def nesting_problems(rljob: Obj) -> list[str]:
+    """A problem when some value of the RLJob is nested deeper than the YAML loader allows, else none.
+
+    The API server hands us JSON, which skips hybridflow.yamlio's depth limit; deeper values would make
+    building, dumping or copying the children recurse too deep (issue 12), so they are refused up front.
+    """
+    path = yamlio.find_too_deep({k: v for k, v in rljob.items() if k != "status"})
+    if path is None:
+        return []
+    return [f"{path}: nested deeper than {yamlio.DEFAULT_LIMITS.max_depth} levels; flatten it (no RLJob "
+            "needs that many)"]
 
 
 def owned_by(child: Obj, rljob: Obj) -> bool:
@@ -108,7 +122,7 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     meta = rljob["metadata"]
     ns, name = meta["namespace"], meta["name"]
     owned = [r for r in rayjobs if owned_by(r, rljob)]
-    problems = validate_rljob(rljob)
+    problems = nesting_problems(rljob) or validate_rljob(rljob)
     plan = decide(rljob, owned, problems, now, stalled=stalled)
     created_attempt = None
     for stale in plan.stop:

@@ -7,9 +7,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-import yaml
 from pydantic import ValidationError
 
+from hybridflow import yamlio
 from rljob_operator.api import DEFAULT_IMAGE, PodSpec
 from rljob_operator.validation import pod_problems
 
@@ -135,10 +135,10 @@ def parse_pod_defaults(source: str, text: str | None) -> PodSpec:
     if not text or not text.strip():
         return PodSpec()
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{source} is not valid YAML or JSON ({err}); give a mapping in spec.pod's shape, "
-                         "e.g. {serviceAccountName: rl-trainer}") from None
+        data = yamlio.load(text, source)
+    except yamlio.YamlError as err:
+        raise ValueError(f"{source} is not valid YAML or JSON ({err.problem}); give a mapping in spec.pod's "
+                         "shape, e.g. {serviceAccountName: rl-trainer}") from None
     if data is None:
         return PodSpec()
     try:

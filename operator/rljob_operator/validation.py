@@ -9,28 +9,34 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from pydantic import ValidationError
 
+from hybridflow._config.errors import describe_error, dotted, shorten
+from hybridflow._config.values import location_scheme
 from hybridflow.config import ConfigError, HybridFlowConfig, parse_config
 from rljob_operator import api, names
-from rljob_operator.builders import merged_config
+from rljob_operator.builders import METRICS_PORT, merged_config, operator_trainer_values
 
+# Patterns below are used with fullmatch: `$` would also match before a final newline ("demo\n").
 # An extended resource name: a DNS-1123 subdomain prefix, "/", then a name (k8s qualified-name rules).
 _RESOURCE_NAME = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
 _SUFFIXES: dict[str, Decimal | int] = {
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
     "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
     "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
 }  # fmt: skip
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+#: Kubernetes keeps a quantity as an int64 (of milli-units at the finest): anything larger cannot be meant.
+_MAX_QUANTITY = Decimal(2**63 - 1)
+_MAX_EXPONENT_DIGITS = 3
+_QUANTITY_EXAMPLES = "e.g. 4, 500m, 16Gi"
 _BUILTIN_ENV = ("RLJOB_NAME", "RLJOB_NAMESPACE", "HYBRIDFLOW_ATTEMPT", "HYBRIDFLOW_METRICS_PORT")
-_CHECKPOINT_SCHEMES = ("s3://", "gs://", "file://")
 #: Larger than any GPU node sold today: a pod asking for more GPUs than this can never be scheduled.
 _MAX_GPUS_PER_NODE = 16
 
@@ -44,17 +50,27 @@ class ValidationReport:
 
 
 def parse_quantity(value: int | str) -> Decimal:
-    """A Kubernetes resource quantity ("500m", "16Gi", "1e3", 4) as a number (cores or bytes)."""
-    match = _QUANTITY.match(str(value).strip())
+    """A Kubernetes resource quantity ("500m", "16Gi", "1e3", 4) as a number (cores or bytes).
+
+    Bounded like Kubernetes' own (an int64): `1e1000000` is refused, not computed.
+    """
+    match = _QUANTITY.fullmatch(str(value))
     if not match:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)")
+        raise ValueError(f"{shorten(value)} is not a Kubernetes quantity ({_QUANTITY_EXAMPLES})")
     number, suffix = match.group(1), match.group(2) or ""
+    too_large = ValueError(f"{shorten(value)} is too large for a Kubernetes quantity; write {_QUANTITY_EXAMPLES}")
     try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
-        return Decimal(number) * Decimal(_SUFFIXES[suffix])
-    except (InvalidOperation, KeyError) as err:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 4, 500m, 16Gi)") from err
+        if suffix not in _SUFFIXES:  # an exponent, e.g. e3 (not Ei, the binary exa suffix)
+            if len(suffix.lstrip("eE+-")) > _MAX_EXPONENT_DIGITS:
+                raise too_large
+            amount = Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+        else:
+            amount = Decimal(number) * Decimal(_SUFFIXES[suffix])
+    except (ArithmeticError, KeyError) as err:  # decimal's InvalidOperation and Overflow are ArithmeticErrors
+        raise ValueError(f"{shorten(value)} is not a Kubernetes quantity ({_QUANTITY_EXAMPLES})") from err
+    if abs(amount) > _MAX_QUANTITY:
+        raise too_large
+    return amount
 
 
 def validate_rljob(obj: Any) -> list[str]:
@@ -79,6 +95,7 @@ def check_rljob(obj: Any) -> ValidationReport:
             _check_config(spec["config"], report)  # still report config problems in the same pass
         return report
     _check_metadata(rljob, report)
+    report.errors.extend(_operator_key_problems(rljob))
     config = _check_config(merged_config(rljob), report)
     _check_resources(rljob, config, report)
     _check_pod(rljob, report)
@@ -88,32 +105,53 @@ def check_rljob(obj: Any) -> ValidationReport:
 
 # pydantic tags errors inside `int | str` unions with the member; the user only needs the field path.
 _UNION_TAGS = ("int", "str", "constrained-str")
+_QUANTITY_ERRORS = ("string_pattern_mismatch", "int_parsing", "int_type", "string_type")
 
 
 def _describe_all(errors: list[Any]) -> list[str]:
-    """pydantic errors on the RLJob model as problem lines, one per field (union branches merged)."""
+    """pydantic errors on the RLJob model as problem lines, one per field (union branches merged).
+
+    The wording is the trainer config's (one translation, hybridflow._config.errors), with "field"
+    for what Kubernetes calls fields and a "did you mean" from the RLJob's own field names.
+    """
     lines: dict[str, str] = {}
     for error in errors:
-        loc = list(error["loc"])
+        loc = tuple(error["loc"])
         union = bool(loc) and loc[-1] in _UNION_TAGS
-        path = ".".join(str(p) for p in (loc[:-1] if union else loc)) or "<root>"
-        if union and error["type"] in ("string_pattern_mismatch", "int_parsing", "int_type", "string_type"):
-            lines[path] = f"{path}: {error['input']!r} is not a Kubernetes quantity; write e.g. 4, 500m, 16Gi (quote fractions: \"1.5\")"
+        if union:
+            loc = loc[:-1]
+        path = dotted(loc)
+        if union and error["type"] in _QUANTITY_ERRORS:
+            lines[path] = (f"{path}: {shorten(error['input'])} is not a Kubernetes quantity; write "
+                           f"{_QUANTITY_EXAMPLES} (quote fractions: \"1.5\")")
         elif path not in lines:
-            lines[path] = _describe(path, error)
+            lines[path] = describe_error(error, api.RLJob, loc=loc, noun="field")
     return list(lines.values())
 
 
-def _describe(path: str, error: Any) -> str:
-    """One pydantic error on the RLJob model as `path: what is wrong; what to do`."""
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return f"{path}: unknown field; remove it or check its spelling (see `kubectl explain rljob.spec`)"
-    if kind == "missing":
-        return f"{path}: required; set it"
-    if kind == "literal_error":
-        return f"{path}: {error['input']!r} is not allowed; use {error['ctx']['expected']}"
-    return f"{path}: {error['msg']} (got {error['input']!r})"
+#: What a user value of an operator-decided trainer key is replaced by, and so what to set instead.
+_OPERATOR_KEY_FIXES = {
+    "resume_mode": ": every attempt resumes from the latest committed checkpoint (resume_mode=auto); remove it "
+    "(to start over, point spec.checkpoint.uri at a new location)",
+    "default_local_dir": " from spec.checkpoint.uri, which replaces it; remove it and keep spec.checkpoint.uri",
+    "max_actor_ckpt_to_keep": " from spec.checkpoint.keep, which replaces it; remove it and keep spec.checkpoint.keep",
+    "max_critic_ckpt_to_keep": " from spec.checkpoint.keep, which replaces it; remove it and keep spec.checkpoint.keep",
+    "metrics_port": f" through $HYBRIDFLOW_METRICS_PORT (port {METRICS_PORT}, which the pods expose), which the "
+    "trainer prefers; remove it",
+}
+
+
+def _operator_key_problems(rljob: api.RLJob) -> list[str]:
+    """Refuse spec.config.trainer values the operator would silently overwrite, naming what to set instead."""
+    trainer = rljob.spec.config.get("trainer")
+    if not isinstance(trainer, dict):
+        return []  # absent, or not a mapping (the trainer config check reports that)
+    decided = [*operator_trainer_values(rljob), "metrics_port"]
+    return [
+        f"spec.config.trainer.{key}: set by the operator{_OPERATOR_KEY_FIXES[key]}"
+        for key in decided
+        if key in trainer
+    ]
 
 
 def _check_config(config: dict[str, Any], report: ValidationReport) -> HybridFlowConfig | None:
@@ -141,17 +179,17 @@ def _yaml11_hint(problem: str) -> str:
 def _check_metadata(rljob: api.RLJob, report: ValidationReport) -> None:
     name = rljob.metadata.name
     max_attempt = rljob.spec.run_policy.backoff_limit + 1
-    if not names.DNS1035_LABEL.match(name):
+    if not names.DNS1035_LABEL.fullmatch(name):
         report.errors.append(
-            f"metadata.name: {name!r} must be a DNS-1035 label (lower-case letters, digits and '-', starting "
+            f"metadata.name: {shorten(name)} must be a DNS-1035 label (lower-case letters, digits and '-', starting "
             "with a letter): KubeRay rejects other RayJob names; rename the RLJob"
         )
     limit = names.max_rljob_name_length(max_attempt)
     if len(name) > limit:
         report.errors.append(
-            f"metadata.name: {name!r} is {len(name)} characters; with backoffLimit "
+            f"metadata.name: {shorten(name)} is {len(name)} characters; with backoffLimit "
             f"{rljob.spec.run_policy.backoff_limit} its RayJobs are named up to "
-            f"{names.ray_job_name(name, max_attempt)!r}, over KubeRay's {names.MAX_RAYJOB_NAME_LENGTH}-character "
+            f"{shorten(names.ray_job_name(name, max_attempt))}, over KubeRay's {names.MAX_RAYJOB_NAME_LENGTH}-character "
             f"limit; use a name of at most {limit} characters"
         )
 
@@ -163,16 +201,16 @@ def _quantity(path: str, value: int | str, report: ValidationReport) -> Decimal 
         report.errors.append(f"{path}: {err}")
         return None
     if amount <= 0:
-        report.errors.append(f"{path}: must be positive, got {value!r}")
+        report.errors.append(f"{path}: must be positive (got {shorten(value)}); write {_QUANTITY_EXAMPLES}")
         return None
     return amount
 
 
 def _check_resources(rljob: api.RLJob, config: HybridFlowConfig | None, report: ValidationReport) -> None:
     res = rljob.spec.resources
-    if not _RESOURCE_NAME.match(res.gpu_resource_name):
+    if not _RESOURCE_NAME.fullmatch(res.gpu_resource_name):
         report.errors.append(
-            f"spec.resources.gpuResourceName: {res.gpu_resource_name!r} is not an extended resource name; "
+            f"spec.resources.gpuResourceName: {shorten(res.gpu_resource_name)} is not an extended resource name; "
             "use a domain-prefixed name such as nvidia.com/gpu or amd.com/gpu"
         )
     cpu = _quantity("spec.resources.cpu", res.cpu, report)
@@ -213,8 +251,11 @@ def _check_resources(rljob: api.RLJob, config: HybridFlowConfig | None, report: 
 def _check_pod(rljob: api.RLJob, report: ValidationReport) -> None:
     report.errors.extend(pod_problems(rljob.spec.pod))
     queue = rljob.spec.queue_name
-    if queue is not None and (not queue or not _LABEL_VALUE.match(queue) or len(queue) > 63):
-        report.errors.append(f"spec.queueName: {queue!r} must be a LocalQueue name (a valid label value)")
+    if queue is not None and (not queue or not _LABEL_VALUE.fullmatch(queue) or len(queue) > 63):
+        report.errors.append(
+            f"spec.queueName: {shorten(queue)} must be a LocalQueue name (a valid label value: up to 63 letters, "
+            "digits, '-', '_' or '.'); use the name of a LocalQueue in this namespace"
+        )
 
 
 def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
@@ -243,41 +284,37 @@ def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
     for key, value in pod.labels.items():
         if key in names.attempt_labels("any", 1) or key == names.LABEL_KUEUE_QUEUE:
             problems.append(f"{where}.labels.{key}: set by the operator (it selects pods by it); remove it")
-        elif not _LABEL_VALUE.match(value) or len(value) > 63:
-            problems.append(f"{where}.labels.{key}: {value!r} is not a valid label value (<= 63 chars)")
+        elif not _LABEL_VALUE.fullmatch(value) or len(value) > 63:
+            problems.append(
+                f"{where}.labels.{dotted((key,))}: {shorten(value)} is not a valid label value (up to 63 letters, "
+                "digits, '-', '_' or '.', starting and ending with a letter or digit); fix the value"
+            )
     return problems
 
 
 def _check_checkpoint(rljob: api.RLJob, config: HybridFlowConfig | None, report: ValidationReport) -> None:
+    """Where checkpoints go suits a cluster (its form is checked by the models: api.Location)."""
     # Without a valid config only an explicit spec.checkpoint.uri can be checked.
     uri = (config.trainer.default_local_dir if config else rljob.spec.checkpoint.uri) or ""
     nnodes = config.trainer.nnodes if config else None
     path = "spec.checkpoint.uri" if rljob.spec.checkpoint.uri else "spec.config.trainer.default_local_dir"
-    scheme = uri.split("://", 1)[0] + "://" if "://" in uri else ""
-    if scheme and scheme not in _CHECKPOINT_SCHEMES:
-        report.errors.append(
-            f"{path}: {uri!r} uses an unsupported scheme; use s3://bucket/prefix, gs://bucket/prefix, "
-            "file:///path or a plain path"
-        )
-        return
-    if scheme in ("s3://", "gs://") and not uri[len(scheme) :].split("/", 1)[0]:
-        report.errors.append(f"{path}: {uri!r} names no bucket; use {scheme}bucket/prefix")
-    if scheme in ("s3://", "gs://") and rljob.spec.checkpoint.secret_ref is None:
+    scheme = location_scheme(uri)
+    if scheme in ("s3", "gs") and rljob.spec.checkpoint.secret_ref is None:
         report.warnings.append(
-            f"spec.checkpoint.secretRef: unset with {uri!r}; pods need credentials from elsewhere "
+            f"spec.checkpoint.secretRef: unset with {shorten(uri)}; pods need credentials from elsewhere "
             "(IRSA / workload identity), or set a Secret with the storage credentials"
         )
-    if scheme in ("", "file://") and uri and nnodes is not None:
+    if scheme in ("", "file") and uri and nnodes is not None:
         # Every attempt runs on a fresh RayCluster and each node has its own disk: a local path is only
         # shared between nodes if it is a network mount, which the RLJob API cannot declare. Decision:
         # multi-node with a local path is an error; single-node is a warning (retries start over).
         if nnodes > 1:
             report.errors.append(
-                f"{path}: {uri!r} is a local path but the job spans {nnodes} nodes, each with "
+                f"{path}: {shorten(uri)} is a local path but the job spans {nnodes} nodes, each with "
                 "its own disk; use object storage (s3://bucket/prefix or gs://bucket/prefix)"
             )
         else:
             report.warnings.append(
-                f"{path}: {uri!r} is local to the pod: checkpoints are lost with the cluster and a retry starts "
-                "over; use s3:// or gs:// on a cluster (local paths suit `rljob run`)"
+                f"{path}: {shorten(uri)} is local to the pod: checkpoints are lost with the cluster and a retry "
+                "starts over; use s3:// or gs:// on a cluster (local paths suit `rljob run`)"
             )

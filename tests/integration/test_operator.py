@@ -248,3 +248,49 @@ def test_spec_edits_while_running(kube: KubeEmulator, operator: Operator) -> Non
     assert "elsewhere" not in kube.get("v1", "configmaps", "edit-config")["data"]["config.yaml"]
     # The operator creates the RayJob, then writes the status: wait for the write rather than race it.
     wait_for(lambda: status(kube, "edit").get("phase") in ("Retrying", "Pending", "Starting"), "phase after the retry")
+
+
+def _nested(depth: int, leaf: Any = 1) -> Any:
+    """A value `depth` mappings deep: {"a": {"a": ... leaf}}."""
+    for _ in range(depth):
+        leaf = {"a": leaf}
+    return leaf
+
+
+def _config_with(group: str, key: str, value: Any) -> dict[str, Any]:
+    config = copy.deepcopy(manifest("x")["spec"]["config"])
+    config.setdefault(group, {})[key] = value
+    return config
+
+
+# Issue 12: the worst inputs the fuzz found, as the API server hands them to the operator (JSON, so no
+# YAML limits apply): each must cost one validation and one status write, never a crash or a retry loop.
+WORST = {
+    "worst-deep-free-form": {"config": _config_with("reward_model", "reward_kwargs", _nested(300))},
+    "worst-deep-pod": {"pod": {"affinity": _nested(300)}},
+    "worst-huge-string": {"config": _config_with("trainer", "nnodes", "9" * 400_000 + "x")},
+    "worst-deep-value": {"config": _config_with("trainer", "project_name", _nested(250, "p"))},
+    "worst-deep-unknown-key": {"config": {**manifest("x")["spec"]["config"], "deep": _nested(300)}},
+}
+
+
+def test_worst_inputs_cost_one_status_write_each(kube: KubeEmulator, operator: Operator) -> None:
+    for name, spec in WORST.items():
+        kube.create(RLJ, "rljobs", manifest(name, **spec), "default")
+    for name in WORST:
+        wait_for(phase_is(kube, name, "Invalid"), f"{name}: phase Invalid", timeout=30)
+        validated = condition(kube, name, "Validated")
+        assert validated["status"] == "False", validated
+        assert len(validated["message"]) < 20_000, f"{name}: {len(validated['message'])} characters"
+        wait_for(lambda n=name: "kopf.zalando.org/last-handled-configuration" in (  # kopf's own write, last
+            kube.get(RLJ, "rljobs", n)["metadata"].get("annotations") or {}), f"{name}: handled by kopf")
+    versions = {name: kube.get(RLJ, "rljobs", name)["metadata"]["resourceVersion"] for name in WORST}
+    patches = kube.count_requests(("patch",), "rljobs")
+    time.sleep(3)  # a resync (2 s) later: nothing rewritten, nothing retried
+    assert {name: kube.get(RLJ, "rljobs", name)["metadata"]["resourceVersion"] for name in WORST} == versions
+    assert kube.count_requests(("patch",), "rljobs") == patches
+    for name in WORST:
+        assert kube.list(RAY, "rayjobs", labels=f"rl.hybridflow.dev/rljob={name}") == []
+        assert len([e for e in events_for(kube, name) if e["reason"] == "InvalidSpec"]) == 1
+    assert operator.metric("rljob_reconcile_errors_total") == 0
+    assert "Traceback" not in operator.log.read_text(), operator.log.read_text()[-3000:]

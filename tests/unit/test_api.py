@@ -97,3 +97,31 @@ def test_phase_and_condition_vocabulary() -> None:
     assert {c.value for c in api.ConditionType} == {
         "Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied",
     }
+
+
+@pytest.mark.parametrize(
+    "spec, where",
+    [
+        ({"runPolicy": {"backoffLimit": True}}, ("runPolicy", "backoffLimit")),
+        ({"checkpoint": {"keep": False}}, ("checkpoint", "keep")),
+        ({"resources": {"cpu": True}}, ("resources", "cpu")),
+        ({"pod": {"tolerations": [{"tolerationSeconds": True}]}}, ("pod", "tolerations", 0, "tolerationSeconds")),
+    ],
+)
+def test_booleans_are_not_numbers(spec: dict, where: tuple) -> None:
+    """pydantic would read `true` as 1 (one CPU, one retry); the API refuses it like the trainer config."""
+    with pytest.raises(ValidationError) as err:
+        api.RLJobSpec.model_validate({"config": {}, **spec})
+    assert [e["type"] for e in err.value.errors() if e["loc"][: len(where)] == where] == ["bool_as_number"]
+
+
+@pytest.mark.parametrize("uri", ["s3:/b", "file://", "ftp://x", "", " ", "s3://", "/ckpt\n"])
+def test_checkpoint_uri_is_checked_by_scheme(uri: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        api.RLJobSpec.model_validate({"config": {}, "checkpoint": {"uri": uri}})
+    assert [e["loc"] for e in err.value.errors()] == [("checkpoint", "uri")]
+
+
+@pytest.mark.parametrize("uri", ["s3://b/run", "gs://b", "file:///tmp/ckpt", "/data/ckpt", "outputs/run"])
+def test_checkpoint_uri_accepts_paths_and_supported_uris(uri: str) -> None:
+    assert api.RLJobSpec.model_validate({"config": {}, "checkpoint": {"uri": uri}}).checkpoint.uri == uri

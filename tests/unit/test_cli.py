@@ -87,19 +87,79 @@ def test_validate_reads_stdin(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    "content, message",
+    "content, message, code",
     [
-        (None, "cannot read"),
-        ("a: [unclosed", "not valid YAML"),
-        ("apiVersion: v1\nkind: ConfigMap\n", "no RLJob found"),
+        (None, "cannot read", cli.EXIT_UNREADABLE),
+        ("a: [unclosed", "not valid YAML", cli.EXIT_UNREADABLE),
+        (b"kind: RLJob\nname: caf\xe9\n", "not UTF-8 text", cli.EXIT_UNREADABLE),
+        ("kind: RLJob\nkind: RLJob\n", "line 2, column 1: duplicate key 'kind' (first at line 1)", cli.EXIT_UNREADABLE),
+        ("a: " + "[" * 500 + "]" * 500, "nested deeper than 100 levels", cli.EXIT_UNREADABLE),
+        ("a: &a [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+            f"{c}: &{c} [{', '.join([f'*{p}'] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh", strict=True)),
+         "aliases (*name) expand to more than 100,000 values", cli.EXIT_UNREADABLE),
+        ("apiVersion: v1\nkind: ConfigMap\n", "no RLJob found", cli.EXIT_INVALID),
     ],
 )
-def test_validate_file_problems(tmp_path: Path, capsys, content: str | None, message: str) -> None:
+def test_validate_file_problems(tmp_path: Path, capsys, content: str | bytes | None, message: str, code: int) -> None:
     path = tmp_path / "job.yaml"
-    if content is not None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
         path.write_text(content)
-    assert cli.main(["validate", "-f", str(path)]) == 1
-    assert message in capsys.readouterr().err
+    assert cli.main(["validate", "-f", str(path)]) == code
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_validate_fails_on_any_bad_document(tmp_path: Path, capsys) -> None:
+    """A list, a scalar, a mapping without kind or a near miss of RLJob is invalid, never skipped (issue 12)."""
+    good = yaml.safe_load(CPU_EXAMPLE.read_text())
+    path = tmp_path / "jobs.yaml"
+    path.write_text(yaml.safe_dump_all([good, [1, 2], "text", {"metadata": {"name": "x"}},
+                                        {**good, "kind": "RLjob"}, {"apiVersion": "v1", "kind": "Secret"}]))
+    assert cli.main(["validate", "-f", str(path)]) == cli.EXIT_INVALID
+    out = capsys.readouterr().out
+    assert "document 1 (RLJob/tiny-cpu-grpo): valid" in out
+    assert "document 2: invalid (1 problem):\n  - <document>: expected a Kubernetes object" in out
+    assert "document 3: invalid" in out
+    assert "document 4 (?/x): invalid (1 problem):\n  - kind: missing or not a string; set kind: RLJob" in out
+    assert "document 5 (RLjob/tiny-cpu-grpo): invalid (1 problem):\n  - kind: 'RLjob' is not a kind of " \
+           "rl.hybridflow.dev; did you mean RLJob?" in out
+    assert "document 6 (Secret/?): skipped (not an RLJob)" in out
+
+
+def test_an_unexpected_exception_is_a_bug_report(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    def broken(doc: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(cli, "check_rljob", broken)
+    assert cli.main(["validate", "-f", str(CPU_EXAMPLE)]) == cli.EXIT_BUG == 4
+    err = capsys.readouterr().err
+    assert f"rljob validate: internal error while checking {CPU_EXAMPLE}: document 1 (RLJob/tiny-cpu-grpo): " \
+           "RecursionError: maximum recursion depth exceeded" in err
+    assert "This is a bug, please report it" in err and "Traceback" not in err
+
+
+def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["validate", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "exit status: 0 every document is valid; 1 a document is invalid" in out
+    assert "3 a file could not be read" in out and "4 internal error" in out
+
+
+def test_render_prints_a_free_form_value_as_deep_as_the_loader_allows(tmp_path: Path, capsys) -> None:
+    """Issue 12: a deep free-form value used to validate and then crash printing (RecursionError)."""
+    job = yaml.safe_load(CPU_EXAMPLE.read_text())
+    deep: object = 1
+    for _ in range(95):  # spec.config.reward_model.reward_kwargs is 4 levels: 99 in all
+        deep = {"a": deep}
+    job["spec"]["config"].setdefault("custom_reward_function", {})["reward_kwargs"] = deep
+    path = tmp_path / "deep.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert cli.main(["validate", "-f", str(path)]) == 0
+    assert cli.main(["render", "-f", str(path)]) == 0
+    assert "a:" in capsys.readouterr().out
 
 
 def test_validate_requires_a_file(capsys: pytest.CaptureFixture[str]) -> None:

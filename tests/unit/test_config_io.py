@@ -325,3 +325,40 @@ def test_verl_example_overrides_work_unchanged(script: str) -> None:
     cfg.validate_for_run()
     assert cfg.actor_rollout_ref.model.path is not None
     assert cfg.critic_enabled is (cfg.algorithm.adv_estimator == "gae")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"trainer: {nnodes: 1}\ntrainer: {nnodes: 2}\n", "line 2, column 1: duplicate key 'trainer' (first at line 1)"),
+        (b"trainer: {project_name: caf\xe9}\n", "not UTF-8 text (byte 0xe9"),
+        (b"trainer: {nnodes: !!float abc}\n", "'abc' cannot be read as float"),
+        (b"a: " + b"[" * 500 + b"]" * 500, "nested deeper than 100 levels"),
+    ],
+)
+def test_config_files_go_through_the_safe_loader(tmp_path: Path, content: bytes, expected: str) -> None:
+    """Issue 12: these were tracebacks or silently accepted; now one ConfigError problem each."""
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert len(info.value.problems) == 1 and expected in info.value.problems[0]
+
+
+def test_override_values_that_are_not_yaml_stay_text() -> None:
+    assert apply_overrides({}, ["trainer.project_name=[" + "[" * 500])["trainer"]["project_name"].startswith("[[")
+    assert apply_overrides({}, ["trainer.project_name=!!float abc"])["trainer"]["project_name"] == "!!float abc"
+    assert apply_overrides({}, ["trainer.project_name=2024-01-01"])["trainer"]["project_name"] == "2024-01-01"
+
+
+def test_main_reports_an_unexpected_error_as_a_bug(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    import hybridflow.config as config_module
+
+    def broken(*_: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(config_module, "load_config", broken)
+    assert main(["trainer.nnodes=1"]) == 4
+    err = capsys.readouterr().err
+    assert "internal error while checking the overrides: RecursionError" in err and "This is a bug" in err
+    assert "Traceback" not in err

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from hybridflow._config import rules
 from hybridflow.config import GROUP_ESTIMATORS, ConfigError, load_config
 
 # A small valid GRPO job the cases below break one rule at a time.
@@ -198,3 +201,31 @@ def test_all_rule_problems_are_reported_together() -> None:
         "algorithm.filter_groups.metric",
         "algorithm.filter_groups.enable",
     }
+
+
+@pytest.mark.parametrize(
+    ("n", "expected"),
+    [
+        (1, "1"),
+        (12, "1, 2, 3, 4, 6, 12"),
+        (7919, "1, 7919"),
+        (1000, "1, 2, 4, 5, 8, 10, ..., 100, 125, 200, 250, 500, 1000"),
+        (10**40, "1, 2, 4, 5, 8, 10, ..., "),
+        (2**61 - 1, "1, ..., 2305843009213693951"),  # a prime too large to search to its square root
+    ],
+)
+def test_divisor_hints_are_short_and_bounded(n: int, expected: str) -> None:
+    """Hints list a few divisors and stop searching early, whatever the number (issue 12: they hung)."""
+    start = time.monotonic()
+    shown = rules._divisors(n)
+    assert time.monotonic() - start < 0.5
+    assert shown.startswith(expected) and shown.count(",") < rules._DIVISORS_SHOWN + 1
+
+
+def test_a_huge_batch_gets_its_divisor_hint_at_once() -> None:
+    """A micro-batch that does not divide a huge per-rank share is reported in well under a second."""
+    start = time.monotonic()
+    found = problems("data.train_batch_size=" + "8" * 30, "actor_rollout_ref.actor.ppo_mini_batch_size=" + "8" * 30,
+                     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=9")  # fmt: skip
+    assert time.monotonic() - start < 1
+    assert any("ppo_micro_batch_size_per_gpu: 9 does not divide" in p and "..." in p for p in found), found

@@ -53,8 +53,10 @@ def test_secret_is_named_where_the_checkpoint_needs_one(path: Path) -> None:
 def test_cpu_tiny_is_the_demo_config() -> None:
     """rljob_cpu_tiny.yaml runs `make run`'s config: tiny_grpo.yaml minus what the operator sets."""
     demo = yaml.safe_load((EXAMPLES / "tiny_grpo.yaml").read_text())
+    keep = demo["trainer"].pop("max_actor_ckpt_to_keep")
     del demo["trainer"]["resume_mode"], demo["trainer"]["default_local_dir"]
     assert _config("rljob_cpu_tiny.yaml") == demo
+    assert _job("rljob_cpu_tiny.yaml")["spec"]["checkpoint"]["keep"] == keep  # the operator sets the key from it
     assert "copy one letter" in (EXAMPLES / "rljob_cpu_tiny.yaml").read_text()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -198,3 +199,80 @@ def test_registry_lookup() -> None:
 def test_scorers_import_without_torch() -> None:
     code = "import sys, hybridflow.rewards; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---- adversarial answers (issue 12): every scorer call is fast and clean -----------------------------
+
+
+def _timed(fn, *args):  # type: ignore[no-untyped-def]
+    started = time.perf_counter()
+    result = fn(*args)
+    return result, time.perf_counter() - started
+
+
+@pytest.mark.timeout(60, method="thread")  # a regression kills the run instead of hanging it
+@pytest.mark.parametrize("spaces", [4_000, 8_000, 100_000])
+def test_math_spaces_inside_text_are_linear(spaces: int) -> None:
+    # `\s*[a-zA-Z ]+\s*` in the unit regex backtracked cubically: 1.2 s at 1,000 spaces, 35 s at 4,000
+    answer = "1\\text{" + " " * spaces + "1}"
+    normalized, seconds = _timed(math.normalize_answer, answer)
+    assert normalized == "11" and seconds < 1.0
+    for scorer in (math.compute_score, math.compute_score_dapo):
+        result, seconds = _timed(scorer, f"\\boxed{{{answer}}}", "1")
+        score = result["score"] if isinstance(result, dict) else result
+        assert score in (0.0, -1.0) and seconds < 1.0
+
+
+@pytest.mark.timeout(60, method="thread")
+@pytest.mark.parametrize(
+    "prediction", ["1e100000000", "-1E+100000000", "1e-100000000", "5e99999999999999999999", "1.5e100000000"]
+)
+def test_huge_exponents_are_not_valued(prediction: str) -> None:
+    # Fraction("1e100000000") builds a 100-million-digit integer: the scorers stalled
+    for solution in (f"\\boxed{{{prediction}}}", f"Answer: {prediction}"):
+        result, seconds = _timed(math.compute_score_dapo, solution, "1")
+        assert result["score"] == -1.0 and seconds < 1.0
+    assert _timed(math.compute_score, f"\\boxed{{{prediction}}}", "1")[0] == 0.0
+    assert math.is_equiv(prediction, prediction)  # the same text still matches
+    assert math.numeric_value(prediction) is None
+    assert gsm8k.normalize_number(prediction) is None  # a ground truth spelt so does not stall gsm8k either
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    [
+        "\\frac{" + "1" * 5_000 + "}{3}",
+        "1" * 5_000 + "/3",
+        "1" * 5_000,
+        "0." + "3" * 5_000,
+        "\\frac{3}{" + "9" * 5_000 + "}",
+    ],
+)
+def test_numbers_over_the_int_digit_limit_are_not_equal(prediction: str) -> None:
+    # int() refuses more than 4,300 digits (ValueError): now a clean "not equal"
+    assert math.compute_score(f"\\boxed{{{prediction}}}", "1") == 0.0
+    assert math.compute_score_dapo(f"Answer: {prediction}", "1")["score"] == -1.0
+    assert math.compute_score(f"\\boxed{{{prediction}}}", prediction) == 1.0  # identical text still counts
+
+
+def test_numeric_value_within_the_bounds() -> None:
+    assert math.numeric_value("1e400") == 10**400
+    assert math.numeric_value("1" * 400) == int("1" * 400)
+    assert math.numeric_value("1e401") is None and math.numeric_value("1" * 401) is None
+    assert math.is_equiv("1e3", "1000") and math.is_equiv(r"\frac{2}{4}", "0.5")
+
+
+def test_long_answers_compare_as_plain_strings() -> None:
+    long = "x+" * 600 + "1"
+    assert math.is_equiv(long, " " + long) and not math.is_equiv(long, long + "1")
+    assert not math.is_equiv(r"\text{" * 400 + "1" + "}" * 400, "1")
+
+
+def test_toy_integer_scorer_with_thousands_of_digits() -> None:
+    assert toy.score_integer("7" * 5_000, "7")["score"] == 0.0  # no ValueError from int()
+    assert toy.score_integer("7" * 100, "7" * 100)["score"] == 1.0
+
+
+def test_gsm8k_non_finite_ground_truth() -> None:
+    assert gsm8k.normalize_number("inf") is None and gsm8k.normalize_number("NaN") is None
+    assert gsm8k.compute_score("#### 8", float("inf")) == 0.0

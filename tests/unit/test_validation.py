@@ -60,8 +60,8 @@ def test_base_manifest_is_valid_without_warnings() -> None:
 @pytest.mark.parametrize(
     "changes, expected",
     [
-        ({"kind": "Job"}, "kind: 'Job' is not allowed; use 'RLJob'"),
-        ({"apiVersion": "v1"}, "apiVersion: 'v1' is not allowed"),
+        ({"kind": "Job"}, "kind: 'Job' is not valid; use 'RLJob'"),
+        ({"apiVersion": "v1"}, "apiVersion: 'v1' is not valid"),
         ({"metadata.name": None}, "metadata.name: required"),
         ({"metadata.name": "Demo_1"}, "metadata.name: 'Demo_1' must be a DNS-1035 label"),
         ({"metadata.name": "a" * 45}, "use a name of at most 44 characters"),
@@ -100,7 +100,7 @@ def test_base_manifest_is_valid_without_warnings() -> None:
         ),
         ({"spec.pod.labels": {"rl.hybridflow.dev/rljob": "other"}}, "set by the operator"),
         ({"spec.queueName": "bad queue"}, "spec.queueName: 'bad queue' must be a LocalQueue name"),
-        ({"spec.imagePullPolicy": "Sometimes"}, "use 'Always', 'IfNotPresent' or 'Never'"),
+        ({"spec.imagePullPolicy": "Sometimes"}, "use one of 'Always', 'IfNotPresent' or 'Never'"),
     ],
 )
 def test_each_problem_is_reported_with_its_path(changes: dict[str, Any], expected: str) -> None:
@@ -149,7 +149,7 @@ def test_semantic_problems_are_collected_together() -> None:
             {
                 "spec.resources.sharedMemory": "1Ti",
                 "spec.pod.envFrom": [{}],
-                "spec.checkpoint.uri": "ftp://x",
+                "spec.queueName": "bad queue",
                 "spec.config.data.train_files": None,
             }
         )
@@ -172,7 +172,7 @@ def test_config_accepts_verl_shorthands() -> None:
 
 @pytest.mark.parametrize(
     "text, expected",
-    [("4", 4), (4, 4), ("500m", Decimal("0.5")), ("16Gi", 16 * 2**30), ("1e3", 1000), ("1.5", Decimal("1.5")),
+    [("4", 4), (4, 4), ("500m", Decimal("0.5")), ("16Gi", 16 * 2**30), ("1e3", 1000), ("1.5", Decimal("1.5")), ("2Ei", 2 * 2**60),
      ("2k", 2000), ("64M", 64 * 10**6)],
 )  # fmt: skip
 def test_parse_quantity(text: Any, expected: Any) -> None:
@@ -198,3 +198,90 @@ def test_objects_from_the_api_server_validate() -> None:
                             "creationTimestamp": "2026-01-01T00:00:00Z"})  # fmt: skip
     obj["status"] = {"phase": "Running", "kopf": {"progress": {}}}
     assert validate_rljob(obj) == []
+
+
+# ------------------------------------------------------------------------------ issue 12: bad input
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        # non-mapping trainer group: reported, not replaced by {}
+        ({"spec.config.trainer": 3}, "spec.config.trainer: expected a mapping of keys to values (got 3); fix the value"),
+        ({"spec.config.trainer": [1]}, "spec.config.trainer: expected a mapping of keys to values"),
+        # trainer keys the operator decides: refused, naming the RLJob field to use
+        ({"spec.config.trainer.resume_mode": "disable"},
+         "spec.config.trainer.resume_mode: set by the operator: every attempt resumes from the latest committed "
+         "checkpoint (resume_mode=auto); remove it"),
+        ({"spec.config.trainer.resume_mode": "auto"}, "spec.config.trainer.resume_mode: set by the operator"),
+        ({"spec.config.trainer.default_local_dir": "/x"},
+         "spec.config.trainer.default_local_dir: set by the operator from spec.checkpoint.uri, which replaces it; "
+         "remove it and keep spec.checkpoint.uri"),
+        ({"spec.checkpoint.keep": 2, "spec.config.trainer.max_actor_ckpt_to_keep": 3},
+         "spec.config.trainer.max_actor_ckpt_to_keep: set by the operator from spec.checkpoint.keep"),
+        ({"spec.checkpoint.keep": 2, "spec.config.trainer.max_critic_ckpt_to_keep": 3},
+         "spec.config.trainer.max_critic_ckpt_to_keep: set by the operator from spec.checkpoint.keep"),
+        ({"spec.config.trainer.metrics_port": 9000},
+         "spec.config.trainer.metrics_port: set by the operator through $HYBRIDFLOW_METRICS_PORT"),
+        # names with a trailing newline or other whitespace
+        ({"metadata.name": "demo\n"}, "metadata.name: 'demo\\n' must be a DNS-1035 label"),
+        ({"metadata.name": "demo "}, "metadata.name: 'demo ' must be a DNS-1035 label"),
+        ({"spec.queueName": "team-a\n"}, "spec.queueName: 'team-a\\n' must be a LocalQueue name"),
+        ({"spec.resources.gpuResourceName": "nvidia.com/gpu\n"}, "is not an extended resource name"),
+        ({"spec.pod.labels": {"team": "a\n"}}, "spec.pod.labels.team: 'a\\n' is not a valid label value"),
+        # quantities: bounded, booleans are not numbers
+        ({"spec.resources.cpu": "1e1000000"},
+         "spec.resources.cpu: '1e1000000' is too large for a Kubernetes quantity; write e.g. 4, 500m, 16Gi"),
+        ({"spec.resources.memory": "1e99"}, "spec.resources.memory: '1e99' is too large"),
+        ({"spec.resources.memory": "9" * 5000}, "…(5002 chars) is too large for a Kubernetes quantity"),
+        ({"spec.resources.cpu": True}, "spec.resources.cpu: expected a number, not true or false (got True)"),
+        ({"spec.resources.cpu": "4\n"}, "spec.resources.cpu: '4\\n' is not a Kubernetes quantity"),
+        ({"spec.checkpoint.keep": True}, "spec.checkpoint.keep: expected a number, not true or false"),
+        # checkpoint URIs by scheme, with the fix
+        ({"spec.checkpoint.uri": "s3:/b"}, "spec.checkpoint.uri: 's3:/b' is not a valid URI ('://' after the scheme); "
+                                           "write e.g. s3://b"),
+        ({"spec.checkpoint.uri": "file://"}, "spec.checkpoint.uri: 'file://' is not an absolute file URI"),
+        ({"spec.checkpoint.uri": "ftp://x"}, "spec.checkpoint.uri: 'ftp://x' uses an unsupported scheme (ftp://)"),
+        ({"spec.checkpoint.uri": " "}, "spec.checkpoint.uri: ' ' is blank"),
+        ({"spec.config.data.train_files": [""]}, "spec.config.data.train_files[0]: '' is blank"),
+        # RLJob typos and types in the project's wording, with a fix
+        ({"spec.resourcs": {}}, "spec.resourcs: unknown field; did you mean resources?"),
+        ({"spec.checkpoint.kep": 2}, "spec.checkpoint.kep: unknown field; did you mean keep?"),
+        ({"spec.runPolicy.backofLimit": 2}, "spec.runPolicy.backofLimit: unknown field; did you mean backoffLimit?"),
+        ({"spec.pod.tolerations": [{"keyy": "a"}]}, "spec.pod.tolerations[0].keyy: unknown field; did you mean key?"),
+        ({"spex": {}}, "spex: unknown field; did you mean spec?"),
+        ({"spec.runPolicy.backoffLimit": "many"}, "spec.runPolicy.backoffLimit: expected a whole number (got 'many'); "
+                                                  "fix the value"),
+        ({"spec.runPolicy.backoffLimit": -1}, "spec.runPolicy.backoffLimit: must be >= 0 (got -1); change the value"),
+        ({"spec.suspend": "maybe"}, "spec.suspend: expected true or false (got 'maybe'); fix the value"),
+        ({"spec.image": 5}, "spec.image: expected a string (got 5); fix the value"),
+        ({"spec.image": ""}, "spec.image: must not be empty"),
+        ({"spec.pod.nodeSelector": []}, "spec.pod.nodeSelector: expected a mapping of keys to values (got [])"),
+        ({"spec.imagePullPolicy": "x" * 1000}, "…(1002 chars) is not valid; use one of 'Always'"),
+        ({"metadata.name": "x" * 10_000}, "metadata.name: 'xxxx"),
+    ],
+)
+def test_bad_input_is_refused_with_a_fix(changes: dict[str, Any], expected: str) -> None:
+    errors = validate_rljob(_with(changes))
+    assert any(expected in e for e in errors), errors
+    assert all(len(e) < 1000 for e in errors), "long values are shortened in messages"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # what the operator only decides when the RLJob says so stays the config's otherwise
+        {"spec.checkpoint.uri": None, "spec.config.trainer.default_local_dir": "s3://b/run"},
+        {"spec.config.trainer.max_actor_ckpt_to_keep": 2},
+        {"spec.checkpoint.uri": "gs://b/run"},
+        {"spec.resources.memory": "7Ei", "spec.resources.cpu": "1e3"},
+    ],
+)
+def test_what_the_operator_does_not_decide_is_accepted(changes: dict[str, Any]) -> None:
+    assert validate_rljob(_with(changes)) == []
+
+
+@pytest.mark.parametrize("text", ["4\n", " 4", "1e1000000", "1e99", "9" * 5000])
+def test_parse_quantity_refuses_unbounded_or_padded_input(text: str) -> None:
+    with pytest.raises(ValueError, match="Kubernetes quantity"):
+        parse_quantity(text)

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from . import yamlio
 from ._config.common import CheckpointConfig, FsdpConfig, MixedPrecision, OptimConfig, WrapPolicy
 from ._config.errors import ConfigError, problems_from_validation_error
 from ._config.groups import (
@@ -55,7 +56,7 @@ from ._config.names import (
     REWARD_MANAGERS,
     ROLLOUT_NAMES,
 )
-from ._config.overrides import apply_overrides, load_yaml
+from ._config.overrides import apply_overrides, too_deep_problem
 from ._config.root import HybridFlowConfig
 from ._config.rules import check_runnable as _runnable_problems
 from ._config.workers import (
@@ -72,6 +73,7 @@ from ._config.workers import (
     RolloutConfig,
     SamplingConfig,
 )
+from .crash import report_bug
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -125,6 +127,9 @@ def parse_config(mapping: Mapping[str, Any]) -> HybridFlowConfig:
                 f"<root>: expected a mapping of groups (algorithm, data, trainer, ...), got {type(mapping).__name__}"
             ]
         )
+    deep = yamlio.find_too_deep(mapping)
+    if deep is not None:  # the resolver, pydantic and the YAML dump of the config recurse per level
+        raise ConfigError([too_deep_problem(deep)])
     resolved, problems = resolve_tree(mapping, _schema_default)
     try:
         cfg = HybridFlowConfig.model_validate(resolved)
@@ -159,26 +164,16 @@ def check_runnable(cfg: HybridFlowConfig) -> None:
 def _read_yaml(path: FsPath) -> dict[str, Any]:
     """Load a YAML mapping from a file, with problems phrased for the user."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(
-            [f"{path}: cannot read the config file ({exc.strerror or exc}); check the path"]
-        ) from exc
-    try:
-        data = load_yaml(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML ({exc}); fix the syntax"]) from exc
-    if data is None:
-        return {}
-    if isinstance(data, dict) and "apiVersion" in data and "kind" in data:
+        data = yamlio.read_mapping(path, "groups", file="config file")
+    except yamlio.YamlError as exc:
+        raise ConfigError([str(exc)]) from None
+    if "apiVersion" in data and "kind" in data:
         raise ConfigError(
             [
-                f"{path}: this is a Kubernetes manifest (kind {data['kind']}), not a trainer config; check it "
-                "with `rljob validate`, or pass the mapping under its spec.config"
+                f"{path}: this is a Kubernetes manifest (kind {yamlio.shorten_repr(data['kind'], 60)}), not a "
+                "trainer config; check it with `rljob validate`, or pass the mapping under its spec.config"
             ]
         )
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}: the top level must be a mapping of groups, not a {type(data).__name__}"])
     return data
 
 
@@ -202,7 +197,8 @@ USAGE = """usage: python -m hybridflow.config [FILE] [KEY=VALUE | +KEY=VALUE | ~
 
 Print the resolved HybridFlow config as YAML. FILE is a YAML config in verl's shape (omit it to start
 from the defaults); overrides follow Hydra's syntax. --for-run also requires what a real run needs
-(model path, training data). Exit status: 0 valid, 2 invalid."""
+(model path, training data). Exit status: 0 valid, 2 invalid or unreadable, 4 internal error (a bug:
+please report it with the input)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -222,10 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(path, args)
         if for_run:
             cfg.validate_for_run()
+        text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    except Exception as exc:  # any input ends in a message, never a traceback (issue 12)
+        return report_bug("python -m hybridflow.config", path or "the overrides", exc, sys.stderr)
+    print(text, end="")
     return 0
 
 

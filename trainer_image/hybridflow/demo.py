@@ -71,10 +71,27 @@ def prepare(out: Path) -> dict[str, str]:
     }
 
 
-def summarize(metrics_path: Path) -> str:
-    """First and last training reward from the JSONL metrics, for the closing message."""
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    rewards = [(r["step"], r["critic/score/mean"]) for r in rows if r.get("critic/score/mean") is not None]
+def summarize(metrics_path: str) -> str:
+    """First and last training reward from the JSONL metrics, for the closing message.
+
+    `metrics_path` is where the file logger wrote (`tracking.resolve_file_logger_path`: the checkpoint
+    folder, or $HYBRIDFLOW_FILE_LOGGER_PATH, possibly remote); a missing or unreadable file is said, not raised.
+    """
+    try:
+        from hybridflow.storage import read_bytes
+
+        text = read_bytes(metrics_path).decode("utf-8", "replace")
+    except Exception as err:  # noqa: BLE001 - the run succeeded; the summary is a courtesy
+        return f"no metrics to summarize at {metrics_path} ({type(err).__name__}: {err})"
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a torn last line of an interrupted run
+        if isinstance(row, dict):
+            rows.append(row)
+    rewards = [(r.get("step"), r["critic/score/mean"]) for r in rows if isinstance(r.get("critic/score/mean"), (int, float))]
     if not rewards:
         return "no training steps were logged"
     (first_step, first), (last_step, last) = rewards[0], rewards[-1]
@@ -104,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if code != 0:
         return code
     ckpt_dir = Path(overrides["trainer.default_local_dir"])
-    metrics = ckpt_dir / "metrics.jsonl"
+    from hybridflow.tracking import resolve_file_logger_path
+
+    metrics = resolve_file_logger_path(str(ckpt_dir))  # honours $HYBRIDFLOW_FILE_LOGGER_PATH, as the trainer does
     print(f"demo: {summarize(metrics)}")
     print(
         f"demo: checkpoints in {ckpt_dir} (latest step in {ckpt_dir / 'latest_checkpointed_iteration.txt'})"

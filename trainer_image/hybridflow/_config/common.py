@@ -2,19 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from .values import refuse_bool_as_number
 
 Dtype = Literal["bf16", "bfloat16", "fp16", "float16", "fp32", "float32"]
 CheckpointContent = Literal["model", "optimizer", "extra", "hf_model"]
 
 
+#: An AdamW beta: the decay of a moving average, so 0 <= beta < 1 (Kingma & Ba 2015, Algorithm 1).
+Beta = Annotated[float, Field(ge=0, lt=1)]
+
+
 class Section(BaseModel):
-    """Base of every config model: unknown keys are errors, values are checked on assignment."""
+    """Base of every config model: unknown keys are errors, values are checked on assignment.
+
+    Every float is finite (a rate, coefficient or length is never inf or nan) and no number field
+    takes true/false; both rules hold here once, for every field of every group.
+    """
 
     # Numbers become strings where a string is expected (`experiment_name=2025`), as OmegaConf does.
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
+    model_config = ConfigDict(
+        extra="forbid", validate_assignment=True, coerce_numbers_to_str=True, allow_inf_nan=False
+    )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse true/false for every number field (see hybridflow._config.values)."""
+        return refuse_bool_as_number(cls, value, info)
 
 
 class OptimConfig(Section):
@@ -39,8 +57,11 @@ class OptimConfig(Section):
         description="Older verl name of lr_scheduler_type; when set it is copied there (set only one of the two).",
     )
     weight_decay: float = Field(default=0.01, ge=0, description="AdamW decoupled weight decay.")
-    betas: list[float] = Field(
-        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2, description="AdamW (beta1, beta2)."
+    betas: list[Beta] = Field(
+        default_factory=lambda: [0.9, 0.999],
+        min_length=2,
+        max_length=2,
+        description="AdamW (beta1, beta2), each in [0, 1).",
     )
     total_training_steps: int = Field(
         default=-1, description="Steps the schedule spans; -1 means: filled in by the trainer at start-up."

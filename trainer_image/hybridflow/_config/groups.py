@@ -8,6 +8,11 @@ from pydantic import Field, field_validator
 
 from .common import Section
 from .names import AdvEstimator, FilterGroupMetric, KlPenalty, LoggerName
+from .values import Location, Seed
+
+#: Upper bounds that no real cluster reaches; they keep a typo (an extra digit or ten) from sizing one.
+MAX_NODES = 65536
+MAX_DEVICES_PER_NODE = 1024
 
 
 def _as_list(value: Any) -> Any:
@@ -67,11 +72,11 @@ class AlgorithmConfig(Section):
 class DataConfig(Section):
     """Training and validation data (parquet in verl's layout) and batch sizes."""
 
-    train_files: list[str] = Field(
+    train_files: list[Location] = Field(
         default_factory=list,
         description="Training parquet files: a path, URI (s3://, gs://, file://) or a list of them. Required to run.",
     )
-    val_files: list[str] = Field(
+    val_files: list[Location] = Field(
         default_factory=list,
         description="Validation parquet files, as train_files; empty means no validation.",
     )
@@ -85,7 +90,7 @@ class DataConfig(Section):
     )
     return_raw_chat: bool = Field(default=False, description="Also pass the un-templated chat messages on.")
     shuffle: bool = Field(default=True, description="Shuffle the training data every epoch.")
-    seed: int = Field(default=1, description="Seed of the shuffling sampler.")
+    seed: Seed = Field(default=1, description="Seed of the shuffling sampler (0 to 2**32 - 1).")
     filter_overlong_prompts: bool = Field(
         default=False, description="Drop prompts longer than max_prompt_length while loading."
     )
@@ -141,9 +146,12 @@ class TrainerConfig(Section):
     log_val_generations: int = Field(
         default=0, ge=0, description="Validation generations to log per validation."
     )
-    nnodes: int = Field(default=1, ge=1, description="Nodes in the Ray cluster.")
+    nnodes: int = Field(default=1, ge=1, le=MAX_NODES, description="Nodes in the Ray cluster.")
     n_gpus_per_node: int = Field(
-        default=8, ge=1, description="Accelerators per node (trainer processes per node when device=cpu)."
+        default=8,
+        ge=1,
+        le=MAX_DEVICES_PER_NODE,
+        description="Accelerators per node (trainer processes per node when device=cpu).",
     )
     device: Literal["cuda", "cpu", "npu"] = Field(default="cuda", description="Device type the workers use.")
     cpu_mixed_precision: bool = Field(
@@ -175,10 +183,10 @@ class TrainerConfig(Section):
         description="auto: continue from the latest committed checkpoint if any; disable: start fresh; "
         "resume_path: continue from resume_from_path.",
     )
-    resume_from_path: str | None = Field(
+    resume_from_path: Location | None = Field(
         default=None, description="Checkpoint to resume from (resume_path mode)."
     )
-    default_local_dir: str = Field(
+    default_local_dir: Location = Field(
         default="checkpoints/${trainer.project_name}/${trainer.experiment_name}",
         description="Where checkpoints go: a folder or an fsspec URI (s3://...). ${...} references are resolved.",
     )
@@ -203,7 +211,7 @@ class TrainerConfig(Section):
         description="Keep only the newest N critic checkpoints; null keeps all. A step folder holds actor and "
         "critic together, so the smaller of this and max_actor_ckpt_to_keep applies to both.",
     )
-    seed: int = Field(default=42, description="Seed of every worker's torch, numpy and Python RNGs.")
+    seed: Seed = Field(default=42, description="Seed of every worker's torch, numpy and Python RNGs (0 to 2**32 - 1).")
     placement: Literal["colocate", "split"] = Field(
         default="colocate",
         description="HybridFlow addition (not in verl): colocate puts actor, ref and rollout on the same devices "

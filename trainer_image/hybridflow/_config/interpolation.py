@@ -10,6 +10,11 @@ write them too. Supported forms:
 
 A string that is exactly one reference takes the referenced value with its type; references inside a
 longer string are substituted as text.
+
+Bounded (issue 12): a chain of references may be at most `MAX_CHAIN` deep, one config may resolve at
+most `MAX_REFERENCES` references and produce at most `MAX_VALUES` values, and a substituted string is
+at most `MAX_TEXT` characters. Each target is resolved once (so `${a}${a}` fan-out costs no more than
+its result), and going over a limit is a config problem, never a RecursionError or a hang.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import yaml
+from .. import yamlio
 
 _REF = re.compile(r"\$\{([^${}]+)\}")
 
@@ -27,8 +32,22 @@ Fallback = Callable[[Path], Any]
 """Looks up a key the mapping lacks (e.g. a schema default); raises KeyError when there is none."""
 
 
+MAX_CHAIN = 32
+"""References that lead to references: verl's deepest chain is 3."""
+MAX_REFERENCES = 10_000
+"""References resolved in one config (each target once)."""
+MAX_VALUES = 200_000
+"""Values (scalars, mappings, lists) that references copy into the config."""
+MAX_TEXT = 100_000
+"""Characters of one string after substitution."""
+
+
 class InterpolationError(Exception):
     """A reference that cannot be resolved; the message is a complete `path: problem; fix` line."""
+
+
+class _OverBudget(Exception):
+    """The whole config goes over a limit: one problem for the config, not one per reference."""
 
 
 def has_reference(value: Any) -> bool:
@@ -42,8 +61,11 @@ def resolve_tree(
     """Return a copy of `tree` with every reference resolved, and the problems met on the way."""
     resolver = _Resolver(tree, fallback)
     problems: list[str] = []
-    out = resolver.walk(tree, (), problems)
-    return out, problems
+    try:
+        out = resolver.walk(tree, (), problems)
+    except _OverBudget as exc:
+        return dict(tree), [str(exc)]
+    return out, list(dict.fromkeys(problems))  # a failing target is reported once, not per reference
 
 
 class _Resolver:
@@ -53,6 +75,10 @@ class _Resolver:
         self.tree = tree
         self.fallback = fallback
         self.in_progress: list[Path] = []
+        #: Per resolved target: (value, number of values in it) or the problem that stopped it.
+        self.done: dict[Path, tuple[Any, int] | InterpolationError] = {}
+        self.references = 0
+        self.values = 0
 
     def walk(self, node: Any, path: Path, problems: list[str]) -> Any:
         """Copy `node`, resolving references in every string below it."""
@@ -74,35 +100,50 @@ class _Resolver:
         if whole is not None:
             return self.resolve_expr(whole.group(1).strip(), path)
 
+        size = len(text)
+
         def substitute(match: re.Match[str]) -> str:
+            nonlocal size
             value = self.resolve_expr(match.group(1).strip(), path)
             if isinstance(value, (Mapping, list)):
                 raise InterpolationError(
-                    f"{_dotted(path)}: ${{{match.group(1)}}} is a mapping or list and cannot be part of a "
-                    "string; reference a single value"
+                    f"{_dotted(path)}: ${{{yamlio.shorten(match.group(1), 80)}}} is a mapping or list and cannot "
+                    "be part of a string; reference a single value"
                 )
-            return "null" if value is None else str(value)
+            piece = "null" if value is None else str(value)
+            size += len(piece)
+            if size > MAX_TEXT:
+                raise InterpolationError(
+                    f"{_dotted(path)}: references make this string longer than {MAX_TEXT:,} characters; "
+                    "reference fewer or shorter values"
+                )
+            return piece
 
         return _REF.sub(substitute, text)
 
     def resolve_expr(self, expr: str, path: Path) -> Any:
         """Resolve one reference expression (the text between `${` and `}`)."""
+        self.references += 1
+        if self.references > MAX_REFERENCES:
+            raise _OverBudget(
+                f"<root>: more than {MAX_REFERENCES:,} ${{...}} references to resolve; write the values out"
+            )
         if ":" in expr:
             resolver, _, args = expr.partition(":")
             if resolver.strip() != "oc.select":
                 raise InterpolationError(
-                    f"{_dotted(path)}: resolver {resolver.strip()!r} is not supported (only oc.select); "
-                    "write the value directly"
+                    f"{_dotted(path)}: resolver {yamlio.shorten_repr(resolver.strip(), 80)} is not supported "
+                    "(only oc.select); write the value directly"
                 )
             key, _, default_text = args.partition(",")
             target = self.locate(key.strip(), path)
             if target is None:
-                return yaml.safe_load(default_text) if default_text.strip() else None
+                return _read_default(default_text, path)
             return self.value_at(target, path)
         target = self.locate(expr, path)
         if target is None:
             raise InterpolationError(
-                f"{_dotted(path)}: ${{{expr}}} refers to a key that does not exist; "
+                f"{_dotted(path)}: ${{{yamlio.shorten(expr, 80)}}} refers to a key that does not exist; "
                 "use a full dotted path such as ${trainer.project_name}"
             )
         return self.value_at(target, path)
@@ -147,19 +188,68 @@ class _Resolver:
         return node
 
     def value_at(self, target: Path, here: Path) -> Any:
-        """The resolved value at `target`, following chained references."""
+        """The resolved value at `target`, following chained references (each target resolved once)."""
         if target in self.in_progress:
             chain = " -> ".join(_dotted(p) for p in (*self.in_progress, target))
             raise InterpolationError(f"{_dotted(here)}: references form a cycle ({chain}); break the cycle")
+        if target not in self.done:
+            self.done[target] = self._resolve_target(target, here)
+        found = self.done[target]
+        if isinstance(found, InterpolationError):
+            raise found
+        value, size = found
+        self.values += size
+        if self.values > MAX_VALUES:
+            raise _OverBudget(
+                f"<root>: ${{...}} references copy more than {MAX_VALUES:,} values into the config; "
+                "reference smaller groups or write the values out"
+            )
+        return value
+
+    def _resolve_target(self, target: Path, here: Path) -> tuple[Any, int] | InterpolationError:
+        """Resolve `target` once: its value and size, or the problem met."""
+        if len(self.in_progress) >= MAX_CHAIN:
+            return InterpolationError(
+                f"{_dotted(here)}: references lead to references more than {MAX_CHAIN} levels deep "
+                f"(at {_dotted(target)}); reference the final value directly"
+            )
         self.in_progress.append(target)
         try:
             problems: list[str] = []
             value = self.walk(self.raw(target), target, problems)
-            if problems:
-                raise InterpolationError(problems[0])
-            return value
+        except InterpolationError as exc:
+            return exc
         finally:
             self.in_progress.pop()
+        if problems:
+            return InterpolationError(problems[0])
+        return value, _count_values(value)
+
+
+def _read_default(text: str, path: Path) -> Any:
+    """The default of `${oc.select:key,default}`, read as YAML (empty: null)."""
+    if not text.strip():
+        return None
+    try:
+        return yamlio.load(text, "default")
+    except yamlio.YamlError as exc:
+        raise InterpolationError(
+            f"{_dotted(path)}: the default {yamlio.shorten_repr(text.strip(), 80)} of oc.select is not valid "
+            f"YAML ({exc.problem.removeprefix('not valid YAML: ').split('; ')[0]}); quote it or write a plain value"
+        ) from None
+
+
+def _count_values(value: Any) -> int:
+    """How many values (scalars, mappings, lists) `value` holds, itself included; no recursion."""
+    count, todo = 0, [value]
+    while todo:
+        node = todo.pop()
+        count += 1
+        if isinstance(node, Mapping):
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return count
 
 
 def _dotted(path: Path) -> str:

@@ -7,8 +7,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import yaml
-
+from .. import yamlio
 from .errors import ConfigError
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -16,19 +15,15 @@ _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 safe loader without timestamps: `2024-01-01` stays a string, as in OmegaConf."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
 def load_yaml(text: str) -> Any:
-    """Parse YAML text the way config files and override values are read (no timestamps)."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    """Parse YAML text the way config files are read (hybridflow.yamlio: no timestamps, limits)."""
+    return yamlio.load(text, "<override value>")
+
+
+def too_deep_problem(path: str) -> str:
+    """The problem line for a value nested deeper than yamlio's depth limit."""
+    return (f"{path}: nested deeper than {yamlio.DEFAULT_LIMITS.max_depth} levels; flatten it (no config needs "
+            "that many)")
 
 
 HOW_TO = "write key=value, +key=value (add), ++key=value (add or replace) or ~key (remove)"
@@ -40,7 +35,7 @@ def parse_value(text: str) -> Any:
         return ""
     try:
         value = load_yaml(text)
-    except yaml.YAMLError:
+    except yamlio.YamlError:  # not YAML (or over a limit): the text itself, as Hydra keeps a plain string
         return text
     if isinstance(value, str) and _FLOAT.match(value.strip()):
         return float(value)
@@ -54,13 +49,16 @@ def apply_overrides(mapping: Mapping[str, Any] | None, overrides: Iterable[str])
     `++a.b=v` adds or replaces; `~a.b` removes a key (a missing key is already at its default, so that
     is not an error); `~a.b=v` removes it only if it currently equals v.
     """
+    deep = yamlio.find_too_deep(mapping or {})
+    if deep is not None:  # copy.deepcopy below recurses once per level
+        raise ConfigError([too_deep_problem(deep)])
     result: dict[str, Any] = copy.deepcopy(dict(mapping or {}))
     problems: list[str] = []
     for raw in overrides:
         try:
             _apply_one(result, raw)
         except _OverrideError as exc:
-            problems.append(f"{raw!r}: {exc}")
+            problems.append(f"{yamlio.shorten_repr(raw)}: {exc}")
     if problems:
         raise ConfigError(problems)
     return result
@@ -85,7 +83,7 @@ def _apply_one(tree: dict[str, Any], raw: str) -> None:
     parent = _parent(tree, parts, create=True)
     if mode == "+" and parts[-1] in parent:
         raise _OverrideError(
-            f"{key.strip()} already exists (value {parent[parts[-1]]!r}); use {key.strip()}=... to replace it"
+            f"{key.strip()} already exists (value {yamlio.shorten_repr(parent[parts[-1]], 80)}); use {key.strip()}=... to replace it"
         )
     parent[parts[-1]] = parse_value(value_text)
 
@@ -100,7 +98,8 @@ def _remove(tree: dict[str, Any], parts: list[str], expected: Any) -> None:
         return
     if expected is not _NO_VALUE and parent[parts[-1]] != expected:
         raise _OverrideError(
-            f"current value {parent[parts[-1]]!r} differs from {expected!r}; nothing removed"
+            f"current value {yamlio.shorten_repr(parent[parts[-1]], 80)} differs from "
+            f"{yamlio.shorten_repr(expected, 80)}; nothing removed"
         )
     del parent[parts[-1]]
 
@@ -109,7 +108,7 @@ def _split_key(key: str) -> list[str]:
     """Check and split a dotted key."""
     key = key.strip()
     if not _KEY.match(key):
-        raise _OverrideError(f"{key!r} is not a dotted key like trainer.nnodes; {HOW_TO}")
+        raise _OverrideError(f"{yamlio.shorten_repr(key, 80)} is not a dotted key like trainer.nnodes; {HOW_TO}")
     return key.split(".")
 
 
@@ -124,6 +123,8 @@ def _parent(tree: dict[str, Any], parts: list[str], *, create: bool) -> Any:
             child = node[part] = {}
         if not isinstance(child, dict):
             where = ".".join(parts[: i + 1])
-            raise _OverrideError(f"{where} holds {child!r}, not a group, so it has no key {parts[i + 1]!r}")
+            raise _OverrideError(
+                f"{where} holds {yamlio.shorten_repr(child, 80)}, not a group, so it has no key {parts[i + 1]!r}"
+            )
         node = child
     return node

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+from .errors import shorten
 from .names import GROUP_ESTIMATORS
 
 if TYPE_CHECKING:
@@ -43,9 +45,27 @@ def check_runnable(cfg: HybridFlowConfig) -> list[str]:
     return problems
 
 
+#: Trial divisions a divisor hint may spend: the hint is for people, not a factorisation service.
+_DIVISOR_SEARCH = 10_000
+_DIVISORS_SHOWN = 12
+
+
 def _divisors(n: int) -> str:
-    """The divisors of n, for messages."""
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    """Divisors of n for a message: all of them when there are few, else the smallest and largest few.
+
+    Pairs d and n // d are found by trial division up to sqrt(n), stopping after _DIVISOR_SEARCH tries,
+    so any n (e.g. n_gpus_per_node: 1000000001, issue 12) answers at once.
+    """
+    if n < 1:
+        return "1"
+    root = math.isqrt(n)
+    small = [d for d in range(1, min(root, _DIVISOR_SEARCH) + 1) if n % d == 0]
+    large = [n // d for d in reversed(small) if d * d != n]
+    complete = root <= _DIVISOR_SEARCH
+    if complete and len(small) + len(large) <= _DIVISORS_SHOWN:
+        return ", ".join(str(d) for d in small + large)
+    half = _DIVISORS_SHOWN // 2
+    return ", ".join(str(d) for d in small[:half]) + ", ..., " + ", ".join(str(d) for d in large[-half:])
 
 
 def _cluster(cfg: HybridFlowConfig) -> list[str]:
@@ -323,7 +343,7 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
         )
     if mt.format != "hermes":
         out.append(
-            f"{ROLLOUT}.multi_turn.format: {mt.format!r} is not supported here; the tool parser reads hermes "
+            f"{ROLLOUT}.multi_turn.format: {shorten(mt.format)} is not supported here; the tool parser reads hermes "
             "(<tool_call>{{json}}</tool_call>, Qwen's chat templates); set format=hermes"
         )
     if mt.interaction_config_path:

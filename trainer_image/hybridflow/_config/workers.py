@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from .common import CheckpointConfig, FsdpConfig, OptimConfig, Section
 from .names import KlPenalty, LossAggMode, PolicyLoss, RewardManager, RolloutName
@@ -14,6 +14,16 @@ STRATEGY_DOC = (
     "fsdp2 (torch fully_shard, the default here) or fsdp (verl's default, FSDP1 there); both run on the "
     "FSDP2 engine here, which shards the same way."
 )
+
+
+def _off_or_positive(value: float) -> float:
+    """A cap that -1 turns off: -1, or a positive number."""
+    if value != -1 and value <= 0:
+        raise ValueError(f"must be -1 (off) or a positive cap (got {value}); set e.g. 2.0, or -1 to turn it off")
+    return value
+
+
+OffOrPositive = Annotated[float, AfterValidator(_off_or_positive)]
 
 
 class ModelConfig(Section):
@@ -77,7 +87,7 @@ class ActorConfig(Section):
         default=3.0, gt=1, description="Dual-clip bound for negative advantages, > 1 (arXiv:1912.09729)."
     )
     loss_agg_mode: LossAggMode = Field(default="token-mean", description="Reduction of the per-token loss.")
-    tis_imp_ratio_cap: float = Field(
+    tis_imp_ratio_cap: OffOrPositive = Field(
         default=-1.0,
         description="Truncated importance sampling: cap on the rollout-vs-trainer probability ratio per token; "
         "-1 turns it off.",
@@ -379,6 +389,14 @@ class RewardModelConfig(Section):
         description="Token budget per micro-batch with use_dynamic_bsz; null: critic.ppo_max_token_len_per_gpu.",
     )
     reward_manager: RewardManager = Field(default="naive", description="How scores are computed and batched.")
+    score_timeout_s: float | None = Field(
+        default=5.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds one response's rule or custom scoring may take (a batch manager's one call: this "
+        "times the batch size); an overrun or an exception scores 0 and counts in reward/timeouts or "
+        "reward/errors; null: no limit, scorers run in the trainer process.",
+    )
     launch_reward_fn_async: bool = Field(
         default=False, description="Accepted for verl compatibility, no effect: scoring runs before log-probs."
     )

@@ -14,13 +14,12 @@ import asyncio
 import importlib
 import threading
 from collections.abc import Coroutine
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
+from hybridflow import yamlio
 from hybridflow.agent.base import AgentLoopOutput, AsyncServerClient, get_agent_loop, register_factory
 from hybridflow.agent.loops import ToolAgentLoop
 from hybridflow.protocol import DataProto
@@ -63,8 +62,8 @@ def default_loop_name(config: Any) -> str:
 def register_config_loops(path: str) -> list[str]:
     """Register the loops of verl's agent-loop config file: a list of {name, _target_, **kwargs}."""
     try:
-        entries = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as err:
+        entries = yamlio.read(path, what="agent loop config")
+    except yamlio.YamlError as err:
         raise ValueError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path {path!r} is unreadable: {err}") from err
     if not isinstance(entries, list):
         raise ValueError(f"agent loop config {path!r} must be a YAML list of {{name, _target_}} entries")

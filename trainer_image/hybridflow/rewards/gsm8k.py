@@ -19,6 +19,9 @@ from typing import Literal
 # Only the tail of a long completion is searched: a final answer sits at the end, and scanning megabytes
 # of a degenerate completion with a regex would stall the reward step.
 _TAIL_CHARS = 300
+# Bigger numbers are no GSM8K answer (an extracted one has under 300 digits); the bound keeps `int()` of a
+# ground truth such as "1e100000000" from building a 100-million-digit integer.
+_MAX_EXPONENT = 1_000
 
 _STRICT_RE = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
 _NUMBER_RE = re.compile(r"-?\$?[0-9][0-9,]*(?:\.[0-9]+)?|-?\.[0-9]+")
@@ -35,6 +38,8 @@ def normalize_number(text: str) -> str | None:
         value = Decimal(cleaned)
     except InvalidOperation:
         return None
+    if not value.is_finite() or abs(value.adjusted()) > _MAX_EXPONENT:
+        return None  # int(Decimal("1e100000000")) would build a 100-million-digit integer
     if value == value.to_integral_value():
         return str(int(value))
     return format(value.normalize(), "f")

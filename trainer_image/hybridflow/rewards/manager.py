@@ -4,6 +4,9 @@ A manager decodes each response (its valid tokens only), scores it with the data
 custom function, and writes the score on the last valid response token of a ``(batch, response_len)``
 tensor; advantage estimators read it from there. ``kind="dapo"`` adds DAPO's soft overlong punishment;
 ``kind="batch"`` calls a user function once per batch with lists (verl's BatchRewardManager contract).
+Every call runs under ``score_timeout_s`` (`hybridflow.rewards.pool`): a response whose scoring overruns
+or raises gets reward 0 and counts in ``reward/timeouts`` or ``reward/errors``, which ``return_dict``
+returns under ``reward_metrics``; the first such response of a batch is logged, shortened.
 The manager holds only picklable state (a tokenizer, a module-level or `CustomRewardFunction` scorer),
 so it can be sent to a Ray actor.
 """
@@ -11,6 +14,7 @@ so it can be sent to a Ray actor.
 from __future__ import annotations
 
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, Literal
@@ -18,12 +22,15 @@ from typing import Any, Literal
 import torch
 
 from hybridflow.protocol import response_lengths_of
+from hybridflow.rewards.budget import Call, Outcome, shorten
+from hybridflow.rewards.pool import BudgetedScorer
 from hybridflow.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["naive", "dapo", "batch"]
 KINDS: tuple[str, ...] = ("naive", "dapo", "batch")
+DEFAULT_SCORE_TIMEOUT_S = 5.0  # reward_model.score_timeout_s's default
 
 
 def overlong_penalty(
@@ -64,11 +71,16 @@ class RewardManager:
         overlong_buffer_len: int = 0,
         overlong_penalty_factor: float = 1.0,
         reward_model_scores: bool = False,
+        score_timeout_s: float | None = DEFAULT_SCORE_TIMEOUT_S,
+        score_workers: int | None = None,
     ) -> None:
         """Configure the manager; ``compute_score`` defaults to the built-in scorers by data source.
 
         ``reward_model_scores``: a reward model scores every batch (``reward_model.enable``), so the
         manager returns its ``rm_scores`` and a batch manager needs no user function.
+        ``score_timeout_s``: the budget of one response's scoring (a batched call gets it times the batch
+        size); None: no budget, scorers run in this process. ``score_workers``: scoring processes
+        (default: up to four, as many as there are CPUs).
         """
         if kind not in KINDS:
             raise ValueError(
@@ -101,6 +113,8 @@ class RewardManager:
         self.overlong_buffer_enable = overlong_buffer_enable
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = overlong_penalty_factor
+        self.score_timeout_s = score_timeout_s
+        self._budgeted = BudgetedScorer(self.compute_score, workers=score_workers)
 
     @classmethod
     def from_config(
@@ -125,16 +139,20 @@ class RewardManager:
             overlong_buffer_len=int(getattr(buffer, "len", 0) or 0),
             overlong_penalty_factor=float(getattr(buffer, "penalty_factor", 1.0)),
             reward_model_scores=bool(getattr(reward_model, "enable", False)),
+            score_timeout_s=getattr(reward_model, "score_timeout_s", DEFAULT_SCORE_TIMEOUT_S),
         )
 
     def __call__(self, data: Any, tokenizer: Any = None, return_dict: bool = False) -> Any:
-        """Token-level scores ``(bs, response_len)``; with ``return_dict`` also per-sample extra info:
-        ``{"reward_tensor": tensor, "reward_extra_info": {key: list of length bs}}``."""
+        """Token-level scores ``(bs, response_len)``; with ``return_dict`` also per-sample extra info and
+        the failure counts: ``{"reward_tensor": tensor, "reward_extra_info": {key: list of length bs},
+        "reward_metrics": {"reward/timeouts": n, "reward/errors": n}}``."""
         batch = data.batch
         if "rm_scores" in batch.keys():
             # A reward model already scored the batch.
             scores = batch["rm_scores"]
-            return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
+            if return_dict:
+                return {"reward_tensor": scores, "reward_extra_info": {}, "reward_metrics": {}}
+            return scores
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if tokenizer is None:
             raise ValueError(
@@ -146,8 +164,8 @@ class RewardManager:
         texts = tokenizer.batch_decode(
             [responses[i, : int(n)].tolist() for i, n in enumerate(valid_lengths)], skip_special_tokens=True
         )
-        raw = self._raw_scores(data, texts)
-        results = [self._shape(raw[i], int(valid_lengths[i]), data, i) for i in range(len(texts))]
+        outcomes = [self._checked(o) for o in self._raw_scores(data, texts)]
+        results = [self._shape(outcomes[i], int(valid_lengths[i]), data, i) for i in range(len(texts))]
         reward_tensor = place_scores(
             torch.tensor([float(reward) for reward, _ in results]), valid_lengths.long(), responses.shape[-1]
         )
@@ -156,38 +174,78 @@ class RewardManager:
             for key, value in info.items():
                 extra[key][i] = value
         self._log_examples(data, texts, results)
+        self._log_failures(data, texts, outcomes)
         if return_dict:
-            return {"reward_tensor": reward_tensor, "reward_extra_info": dict(extra)}
+            return {
+                "reward_tensor": reward_tensor,
+                "reward_extra_info": dict(extra),
+                "reward_metrics": failure_metrics(outcomes),
+            }
         return reward_tensor
 
-    def _raw_scores(self, data: Any, texts: list[str]) -> list[Any]:
-        """What the scoring function returns for each response (one call per sample, or one per batch)."""
+    def _raw_scores(self, data: Any, texts: list[str]) -> list[Outcome]:
+        """What the scoring function gives for each response (one call per sample, or one per batch),
+        each call under its time budget."""
         non_tensor = data.non_tensor_batch
         n = len(texts)
         sources = [non_tensor[self.reward_fn_key][i] for i in range(n)]
         truths = [non_tensor["reward_model"][i]["ground_truth"] for i in range(n)]
         extras = [non_tensor["extra_info"][i] for i in range(n)] if "extra_info" in non_tensor else [None] * n
+        budget = self.score_timeout_s
         if self.kind == "batch":
             # verl's BatchRewardManager contract: one call with lists, one result per sample back.
-            fn: Callable[..., Any] = getattr(self.compute_score, "batched", self.compute_score)
-            results = list(
-                fn(data_sources=sources, solution_strs=texts, ground_truths=truths, extra_infos=extras)
-            )
+            kwargs = {
+                "data_sources": sources,
+                "solution_strs": texts,
+                "ground_truths": truths,
+                "extra_infos": extras,
+            }
+            call = Call(kwargs, budget * n if budget is not None else None, batched=True)
+            (outcome,) = self._budgeted.run([call])
+            if outcome.status != "ok":
+                return [outcome] * n
+            results = list(outcome.value)
             if len(results) != n:
                 raise ValueError(
                     f"the batched reward function returned {len(results)} scores for {n} responses; "
                     "return one score (float or dict with 'score') per response, in order."
                 )
-            return results
-        return [
-            self.compute_score(
-                data_source=sources[i], solution_str=texts[i], ground_truth=truths[i], extra_info=extras[i]
+            return [Outcome("ok", value) for value in results]
+        calls = [
+            Call(
+                {
+                    "data_source": sources[i],
+                    "solution_str": texts[i],
+                    "ground_truth": truths[i],
+                    "extra_info": extras[i],
+                },
+                budget,
             )
             for i in range(n)
         ]
+        return self._budgeted.run(calls)
 
-    def _shape(self, result: Any, length: int, data: Any, i: int) -> tuple[float, dict[str, Any]]:
-        """The reward of sample ``i`` and its extra info (the scorer's dict keys, overlong shaping)."""
+    @staticmethod
+    def _checked(outcome: Outcome) -> Outcome:
+        """An ok outcome whose score is not a finite number (None, "abc", NaN) becomes an error."""
+        if outcome.status != "ok":
+            return outcome
+        value = outcome.value
+        score = value.get("score", 0.0) if isinstance(value, dict) else value
+        try:
+            finite = math.isfinite(float(score))
+        except (TypeError, ValueError, OverflowError) as exc:
+            return Outcome("error", message=f"the score {shorten(repr(score), 80)} is not a number: {exc}")
+        if not finite:
+            return Outcome("error", message=f"the score {score!r} is not finite")
+        return outcome
+
+    def _shape(self, outcome: Outcome, length: int, data: Any, i: int) -> tuple[float, dict[str, Any]]:
+        """The reward of sample ``i`` and its extra info (the scorer's dict keys, overlong shaping);
+        0 with no shaping when its scoring overran or failed."""
+        if outcome.status != "ok":
+            return 0.0, {"score": 0.0}
+        result = outcome.value
         if isinstance(result, dict):
             if "score" not in result:
                 source = data.non_tensor_batch[self.reward_fn_key][i]
@@ -209,6 +267,29 @@ class RewardManager:
             info["overlong"] = penalty < 0
         return reward, info
 
+    def _log_failures(self, data: Any, texts: list[str], outcomes: list[Outcome]) -> None:
+        """One warning per batch with a failed scoring: the counts and the first such response, shortened."""
+        failed = [i for i, outcome in enumerate(outcomes) if outcome.status != "ok"]
+        if not failed:
+            return
+        first = failed[0]
+        counts = failure_metrics(outcomes)
+        logger.warning(
+            "reward: %d of %d responses timed out and %d raised; they score 0. First: data_source=%s %s: %s; "
+            "response=%r",
+            counts["reward/timeouts"],
+            len(outcomes),
+            counts["reward/errors"],
+            data.non_tensor_batch[self.reward_fn_key][first],
+            outcomes[first].status,
+            outcomes[first].message,
+            shorten(texts[first], 200),
+        )
+
+    def close(self) -> None:
+        """Stop the scoring processes now (they also stop when the manager is garbage-collected)."""
+        self._budgeted.close()
+
     def _log_examples(self, data: Any, texts: list[str], results: list[tuple[float, dict[str, Any]]]) -> None:
         """Log the first ``num_examine`` responses of each data source (to eyeball what is rewarded)."""
         if self.num_examine <= 0:
@@ -222,3 +303,12 @@ class RewardManager:
             shown[source] += 1
             truth = data.non_tensor_batch["reward_model"][i]["ground_truth"]
             logger.info("[%s] response=%r ground_truth=%r reward=%.3f", source, text, truth, results[i][0])
+
+
+def failure_metrics(outcomes: list[Outcome]) -> dict[str, float]:
+    """``reward/timeouts`` and ``reward/errors``: how many responses scored 0 because their scoring
+    overran its budget or raised (or returned no number)."""
+    return {
+        "reward/timeouts": float(sum(o.status == "timeout" for o in outcomes)),
+        "reward/errors": float(sum(o.status == "error" for o in outcomes)),
+    }

@@ -8,6 +8,11 @@ Optionally numbers are compared by value, so ``0.5`` matches ``\frac{1}{2}``.
 DAPO (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", rule-based
 reward) scores +1 for a correct answer and -1 otherwise and asks for ``Answer: ...``; `compute_score_dapo`
 follows that convention and accepts both markers.
+
+Inputs come from a policy under training, so every step here is bounded: answers longer than
+`MAX_ANSWER_CHARS` are compared as plain strings, and numbers are valued only when they have at most
+`MAX_NUMBER_CHARS` characters and an exponent of at most `MAX_EXPONENT` (``1e100000000`` would otherwise
+build a 100-million-digit integer, and Python refuses to parse integers of more than 4,300 digits).
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from fractions import Fraction
 from typing import Any
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+# A MATH final answer is a number, an expression, a tuple or an interval: a few hundred characters at most.
+MAX_ANSWER_CHARS = 1_000
+MAX_NUMBER_CHARS = 400
+MAX_EXPONENT = 400
 
 
 def last_boxed_content(text: str) -> str | None:
@@ -63,8 +73,10 @@ _UNIT_WORDS = (
     "seconds",
     "days",
 )
+# One character class inside the braces: `\s*[a-zA-Z ]+\s*` (three ways to match each space) backtracked
+# cubically on an unclosed `\text{` full of spaces (issue 12: 35 s at 4,000 spaces).
 _UNIT_RE = re.compile(
-    r"^(.*?\d)\s*(?:\\(?:text|mbox|mathrm)\{\s*[a-zA-Z ]+\s*\}|(?:" + "|".join(_UNIT_WORDS) + r"))$"
+    r"^(.*?\d)\s*(?:\\(?:text|mbox|mathrm)\{[a-zA-Z\s]+\}|(?:" + "|".join(_UNIT_WORDS) + r"))$"
 )
 _TEXT_RE = re.compile(r"\\(?:text|textbf|mbox|mathrm)\{([^{}]*)\}")
 _FRAC_SHORT_RE = re.compile(r"\\frac(\d)(\d)")
@@ -107,10 +119,24 @@ def normalize_answer(answer: str) -> str:
 
 _FRAC_VALUE_RE = re.compile(r"^(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}$")
 _SLASH_VALUE_RE = re.compile(r"^(-?\d+)/(-?\d+)$")
+_EXPONENT_RE = re.compile(r"[eE]([+-]?\d+)$")
+
+
+def _is_bounded_number(text: str) -> bool:
+    """Whether ``text`` is short enough, and its exponent small enough, to be valued exactly and fast."""
+    if len(text) > MAX_NUMBER_CHARS:
+        return False
+    exponent = _EXPONENT_RE.search(text)
+    return exponent is None or abs(int(exponent.group(1))) <= MAX_EXPONENT
 
 
 def numeric_value(normalized: str) -> Fraction | None:
-    r"""Exact value of a normalised plain number (``3``, ``-0.25``, ``\frac{1}{2}``, ``3/4``), else None."""
+    r"""Exact value of a normalised plain number (``3``, ``-0.25``, ``\frac{1}{2}``, ``3/4``), else None.
+
+    None as well for numbers beyond `MAX_NUMBER_CHARS` / `MAX_EXPONENT`: they are compared as strings only.
+    """
+    if not _is_bounded_number(normalized):
+        return None
     try:
         return Fraction(normalized)
     except (ValueError, ZeroDivisionError):
@@ -127,7 +153,12 @@ def numeric_value(normalized: str) -> Fraction | None:
 
 
 def is_equiv(prediction: str, ground_truth: str, numeric: bool = True) -> bool:
-    """Whether two answers are the same after normalisation (and, if ``numeric``, by exact value)."""
+    """Whether two answers are the same after normalisation (and, if ``numeric``, by exact value).
+
+    Answers longer than `MAX_ANSWER_CHARS` are equal only when identical up to surrounding whitespace.
+    """
+    if max(len(prediction), len(ground_truth)) > MAX_ANSWER_CHARS:
+        return prediction.strip() == ground_truth.strip()
     pred, truth = normalize_answer(prediction), normalize_answer(ground_truth)
     if pred == truth:
         return True

@@ -15,7 +15,8 @@ COPY = "toy/copy"
 COUNT = "toy/count"
 LOOKUP = "toy/lookup"
 
-_LEADING_INT_RE = re.compile(r"^\s*(-?\d+)")
+# At most 100 digits: Python refuses to parse integers of more than 4,300 digits (and no toy answer is long).
+_LEADING_INT_RE = re.compile(r"^\s*(-?\d{1,100})(?!\d)")
 _LEADING_WORD_RE = re.compile(r"^\s*([A-Za-z]+)")
 
 

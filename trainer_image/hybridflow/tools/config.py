@@ -17,9 +17,9 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from hybridflow import yamlio
 from hybridflow.tools.base import BaseTool, OpenAIFunctionToolSchema
 
 VERL_ALIASES = {
@@ -36,13 +36,13 @@ def load_tools(path: str | Path) -> list[BaseTool]:
     """Instantiate every tool listed in the YAML file at `path` (names must be unique)."""
     where = str(path)
     try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError as err:
-        raise ToolConfigError(
-            f"tool config {where!r} not found; fix actor_rollout_ref.rollout.multi_turn.tool_config_path"
-        ) from err
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ToolConfigError(f"tool config {where!r} is not valid YAML: {err}") from err
+        raw = yamlio.read(path, what="tool config")
+    except yamlio.YamlError as err:
+        if not Path(path).exists():
+            raise ToolConfigError(
+                f"tool config {where!r} not found; fix actor_rollout_ref.rollout.multi_turn.tool_config_path"
+            ) from None
+        raise ToolConfigError(f"tool config {err}") from None
     entries = raw.get("tools") if isinstance(raw, dict) else None
     if not isinstance(entries, list):
         raise ToolConfigError(f"tool config {where!r} must be a mapping with a 'tools' list")

@@ -85,6 +85,12 @@ def online_dpo_metrics(batch: DataProto, beta: float) -> dict[str, float]:
     }
 
 
+def add_counts(metrics: dict[str, float], counts: dict[str, float]) -> None:
+    """Add ``counts`` (e.g. the reward manager's `reward/timeouts`) into ``metrics``, summing repeated keys."""
+    for key, value in counts.items():
+        metrics[key] = metrics.get(key, 0.0) + float(value)
+
+
 def group_filter_metric(batch: DataProto, metric: str, extra_info: dict[str, list[Any]]) -> np.ndarray:
     """Per-sample value that DAPO's dynamic sampling groups on (arXiv 2503.14476, section 3.2).
 

@@ -251,7 +251,7 @@ class RayPPOTrainer:
             with timed("rm", timings):
                 batch = self.compute_rm_scores(batch)
         with timed("reward", timings):
-            extra = self.score(batch)
+            extra = self.score(batch, metrics)
         return batch, extra
 
     def generate(self, batch: DataProto) -> DataProto:
@@ -299,9 +299,15 @@ class RayPPOTrainer:
         rm_input = batch.select(batch_keys=keys, non_tensor_batch_keys=_present(batch, ["raw_prompt"]))
         return batch.union(self.workers.reward_model.compute_rm_score(rm_input))
 
-    def score(self, batch: DataProto) -> dict[str, list[Any]]:
-        """Reward-model, rule or custom scores into `token_level_scores` (and `token_level_rewards` without KL)."""
+    def score(self, batch: DataProto, metrics: dict[str, float] | None = None) -> dict[str, list[Any]]:
+        """Reward-model, rule or custom scores into `token_level_scores` (and `token_level_rewards` without KL).
+
+        The reward manager's counts (`reward/timeouts`, `reward/errors`) are added to ``metrics``: summed
+        over the batches of a step when dynamic sampling draws several.
+        """
         result = self.reward_fn(batch, return_dict=True)
+        if metrics is not None:
+            batch_ops.add_counts(metrics, result.get("reward_metrics", {}))
         batch.batch["token_level_scores"] = result["reward_tensor"]
         if not self.algo.use_kl_in_reward:
             batch.batch["token_level_rewards"] = result["reward_tensor"]
@@ -369,6 +375,7 @@ class RayPPOTrainer:
         n = val_kwargs.n
         scores: dict[str, list[float]] = {}
         samples: list[tuple[str, str, float]] = []
+        reward_counts: dict[str, float] = {}
         for batch in self.val_dataloader:
             gen_input = self._gen_input(batch)
             gen_input.meta_info.update({"do_sample": val_kwargs.do_sample, "validate": True})
@@ -380,7 +387,9 @@ class RayPPOTrainer:
             batch = batch.union(output)
             if self.use_rm:
                 batch = self.compute_rm_scores(batch)
-            seq_scores = self.val_reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1).tolist()
+            scored = self.val_reward_fn(batch, return_dict=True)
+            batch_ops.add_counts(reward_counts, scored.get("reward_metrics", {}))
+            seq_scores = scored["reward_tensor"].sum(-1).tolist()
             for source, value in zip(batch.non_tensor_batch["data_source"], seq_scores, strict=True):
                 scores.setdefault(str(source), []).append(value)
             if self.config.trainer.log_val_generations > 0:
@@ -388,9 +397,11 @@ class RayPPOTrainer:
         if samples and self.tracker is not None:
             chosen = batch_ops.pick_samples(samples, self.config.trainer.log_val_generations)
             self.tracker.log_generations(chosen, step=self.global_step)
-        return {
+        metrics = {
             f"val-core/{source}/reward/mean@{n}": float(np.mean(values)) for source, values in scores.items()
         }
+        metrics.update({f"val-aux/{key}": value for key, value in reward_counts.items()})
+        return metrics
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
