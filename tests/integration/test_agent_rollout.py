@@ -1,8 +1,9 @@
 """Server-mode rollout for real: vLLM AsyncLLM engines, the router, agent loops, and GRPO over tool calls.
 
-- single-turn equivalence: the same prompts through batch mode (`VLLMRollout`, `vllm.LLM` in process) and
-  server mode (single_turn_agent -> router -> `AsyncVLLMEngine`) give identical greedy outputs, and sampled
-  log-prob means within noise;
+- single-turn equivalence: the same prompts through batch mode (`VLLMRollout`, `vllm.LLM` in process),
+  server mode (single_turn_agent -> router -> `AsyncVLLMEngine`) and the OpenAI-compatible endpoint (the
+  `openai` client's chat call from an `OpenAIAgentLoop`) give identical greedy outputs, and sampled log-prob
+  means within noise (batch vs server);
 - the multi-turn learning test: the toy lookup task, where the answer is only available from a tool, learnt
   by GRPO through the whole stack (Ray, FSDP2 on 2 gloo ranks, an AsyncLLM replica actor, tool_agent) from
   a mean reward < 0.2 to > 0.8.
@@ -76,11 +77,21 @@ def check_equivalence(model_dir: str) -> None:
     """Greedy outputs identical and sampled log-prob means within noise, batch mode vs server mode."""
     from transformers import AutoTokenizer
 
+    import numpy as np
+    import openai
+
+    from hybridflow.agent import OpenAIAgentLoop, register
     from hybridflow.agent.manager import AgentLoopManager
     from hybridflow.agent.router import Router
     from hybridflow.config import load_config
     from hybridflow.rollout.async_vllm import AsyncVLLMEngine
     from hybridflow.rollout.vllm_rollout import VLLMRollout
+
+    @register("equivalence_openai_chat")
+    class ChatOnce(OpenAIAgentLoop):
+        async def agent(self, base_url: str, sample: dict[str, Any]) -> None:
+            client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+            await client.chat.completions.create(model="policy", messages=list(sample["raw_prompt"]))
 
     tiny_model = Path(model_dir)
     cfg = load_config(None, [
@@ -104,6 +115,13 @@ def check_equivalence(model_dir: str) -> None:
         assert (a.batch["responses"] == b.batch["responses"]).all()
         assert (a.batch["response_mask"] == b.batch["response_mask"]).all()
         assert (a.batch["input_ids"] == b.batch["input_ids"]).all()
+        # the same prompts as chat messages through the OpenAI-compatible endpoint, by the openai client
+        chat = _prompts(tokenizer, 32)
+        chat.non_tensor_batch["agent_name"] = np.array(["equivalence_openai_chat"] * len(chat), dtype=object)
+        chat.meta_info.update(greedy)
+        c = manager.generate_sequences(chat)
+        assert (a.batch["responses"] == c.batch["responses"]).all(), "the OpenAI endpoint's greedy outputs differ"
+        assert (a.batch["input_ids"] == c.batch["input_ids"]).all()
         # sampled: 16 samples per prompt on each side; the mean log-prob of the sampled tokens agrees within noise
         sampled = prompts.repeat(16, interleave=True)
         sampled.meta_info = {"do_sample": True, "temperature": 1.0}
@@ -114,10 +132,11 @@ def check_equivalence(model_dir: str) -> None:
             means.append((float(values.mean()), float(values.std()) / math.sqrt(values.numel())))
         (m1, se1), (m2, se2) = means
         assert abs(m1 - m2) < 4 * math.hypot(se1, se2), f"sampled log-prob means differ: {means}"
-        print(f"equivalence ok: greedy identical on {len(prompts)} prompts; sampled log-prob means {means}")
+        print(f"equivalence ok: greedy identical on {len(prompts)} prompts (batch, agent loop, OpenAI endpoint); "
+          f"sampled log-prob means {means}")
     finally:
         if manager is not None:
-            manager.events.close()
+            manager.close()
         server_engine.shutdown()
 
 

@@ -245,6 +245,8 @@ class AgentLoopConfig(Section):
 
     num_workers: int = Field(default=8, gt=0, description="Accepted for verl; trajectories run concurrently in the driver's event loop, bounded by max_concurrency.")
     max_concurrency: int = Field(default=256, gt=0, description="HybridFlow: trajectories in flight at once.")
+    openai_host: str = Field(default="127.0.0.1", min_length=1, description="HybridFlow: the address the OpenAI-compatible endpoint (for OpenAIAgentLoop agents) listens on; on a cluster the pod's IP, so agents in other pods can reach it.")
+    openai_port: int = Field(default=0, ge=0, le=65535, description="HybridFlow: its port (0: any free port; the loop hands each agent its session's URL).")
     agent_loop_config_path: str | None = Field(
         default=None, description="YAML list of {name, _target_: module.Class, ...kwargs} registering custom agent loops."
     )

@@ -1,7 +1,8 @@
 """Agent loops (verl's `AgentLoopBase` shape), the router over rollout replicas and the batch manager.
 
 Ray-free and engine-agnostic: loops talk to an `AsyncServerClient`; `hybridflow.workers.rollout_service`
-puts Ray replicas behind one. Importing this package registers `single_turn_agent` and `tool_agent`.
+puts Ray replicas behind one. Importing this package registers `single_turn_agent` and `tool_agent`;
+`OpenAIAgentLoop` is the base for agents written against the OpenAI client.
 """
 
 from hybridflow.agent.base import (
@@ -14,11 +15,13 @@ from hybridflow.agent.base import (
     registered_agent_loops,
 )
 from hybridflow.agent.loops import SingleTurnAgentLoop, ToolAgentLoop
+from hybridflow.agent.openai_agent import OpenAIAgentLoop
 
 __all__ = [
     "AgentLoopBase",
     "AgentLoopOutput",
     "AsyncServerClient",
+    "OpenAIAgentLoop",
     "SingleTurnAgentLoop",
     "TokenOutput",
     "ToolAgentLoop",

@@ -21,7 +21,6 @@ import torch
 
 from hybridflow import yamlio
 from hybridflow.agent.base import AgentLoopOutput, AsyncServerClient, get_agent_loop, register_factory
-from hybridflow.agent.loops import ToolAgentLoop
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.token_io import resolve_sampling, with_validation_sampling
 from hybridflow.tools.base import BaseTool
@@ -105,6 +104,8 @@ class AgentLoopManager:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
         self.events = events or EventLoopThread()
+        self._openai: Any = None
+        self._openai_lock = asyncio.Lock()
 
     # -- the batch interface ------------------------------------------------------------------------
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -145,10 +146,31 @@ class AgentLoopManager:
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
     def _build(self, name: str) -> Any:
-        factory = get_agent_loop(name)
-        if isinstance(factory, type) and issubclass(factory, ToolAgentLoop):
-            return factory(self.config, self.server, self.tokenizer, tools=self.tools)
-        return factory(self.config, self.server, self.tokenizer)
+        """A loop instance; every loop is offered the manager's shared resources (the tools of
+        `multi_turn.tool_config_path`, the OpenAI-compatible endpoint) and takes what it uses."""
+        return get_agent_loop(name)(self.config, self.server, self.tokenizer, tools=self.tools,
+                                    openai_endpoint=self.openai_endpoint)
+
+    async def openai_endpoint(self) -> Any:
+        """The OpenAI-compatible endpoint over this manager's router, started on first use."""
+        from hybridflow.agent.openai_server import OpenAIServer
+
+        async with self._openai_lock:
+            if self._openai is None:
+                agent = self.config.actor_rollout_ref.rollout.agent
+                server = OpenAIServer(self.server, self.tokenizer, host=agent.openai_host, port=agent.openai_port,
+                                      tool_format=self.config.actor_rollout_ref.rollout.multi_turn.format,
+                                      default_max_tokens=self.response_length)
+                await server.start()
+                self._openai = server
+        return self._openai
+
+    def close(self) -> None:
+        """Stop the OpenAI endpoint (if it started) and the event loop thread."""
+        if self._openai is not None:
+            self.events.run(self._openai.stop())
+            self._openai = None
+        self.events.close()
 
     # -- packing ------------------------------------------------------------------------------------
     def _pack(self, prompts: DataProto, outputs: list[AgentLoopOutput], with_logprobs: bool) -> DataProto:
@@ -195,17 +217,13 @@ class AgentLoopManager:
 
 
 def trajectory_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
-    """Per-step agent metrics: turns (mean/max/min), tool calls, tool errors and latency, aborted trajectories, and
-    the share of prompt tokens (every turn's) served from the prefix cache."""
+    """Per-step agent metrics: turns (mean/max/min), tool calls, tool errors and latency, aborted trajectories,
+    the share of prompt tokens (every turn's) served from the prefix cache, and `agent/<key>/mean` for any
+    other figure a loop reports in its `metrics` (a custom loop's own counters)."""
     turns = [o.num_turns for o in outputs] or [0]
     total = {key: sum(o.metrics.get(key, 0.0) for o in outputs) for key in ("tool_calls", "tool_errors", "tool_latency_s", "aborted")}
     n = max(len(outputs), 1)
-    prompt_tokens = sum(o.metrics.get("prompt_tokens", 0.0) for o in outputs)
-    cache = {}
-    if prompt_tokens:  # engines that report their prefix-cache hits (vLLM does)
-        cache["agent/prefix_cache_hit_rate"] = sum(o.metrics.get("cached_tokens", 0.0) for o in outputs) / prompt_tokens
-    return {
-        **cache,
+    metrics = {
         "agent/num_turns/mean": float(np.mean(turns)),
         "agent/num_turns/max": float(max(turns)),
         "agent/num_turns/min": float(min(turns)),
@@ -214,3 +232,10 @@ def trajectory_metrics(outputs: list[AgentLoopOutput]) -> dict[str, float]:
         "agent/tool_latency_s/mean": total["tool_latency_s"] / max(total["tool_calls"], 1.0),
         "agent/aborted": total["aborted"],
     }
+    prompt_tokens = sum(o.metrics.get("prompt_tokens", 0.0) for o in outputs)
+    if prompt_tokens:  # engines that report their prefix-cache hits (vLLM does)
+        metrics["agent/prefix_cache_hit_rate"] = sum(o.metrics.get("cached_tokens", 0.0) for o in outputs) / prompt_tokens
+    known = {*total, "prompt_tokens", "cached_tokens"}
+    for key in sorted({k for o in outputs for k in o.metrics} - known):
+        metrics[f"agent/{key}/mean"] = sum(float(o.metrics.get(key, 0.0)) for o in outputs) / n
+    return metrics

@@ -204,4 +204,4 @@ class RolloutService:
         self.events.run(self.router.close())
         for replica in self.replicas:
             ray.kill(replica, no_restart=True)
-        self.events.close()
+        self.manager.close()  # the OpenAI endpoint, then the event loop the manager shares
