@@ -138,3 +138,10 @@ def test_readme_lists_every_example() -> None:
     readme = (EXAMPLES / "README.md").read_text()
     listed = set(re.findall(r"^\| \[`([^`]+)`\]", readme, re.MULTILINE))
     assert listed == {p.name for p in EXAMPLES.glob("*.yaml")}
+
+
+def test_tiny_tool_agent_rljob_is_the_tool_agent_config() -> None:
+    """rljob_tiny_tool_agent.yaml runs examples/tiny_tool_agent.yaml's config minus what the operator sets."""
+    config = yaml.safe_load((EXAMPLES / "tiny_tool_agent.yaml").read_text())
+    del config["trainer"]["resume_mode"], config["trainer"]["default_local_dir"]
+    assert _config("rljob_tiny_tool_agent.yaml") == config
