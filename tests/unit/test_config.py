@@ -328,7 +328,7 @@ def test_unknown_key_names_full_path_and_suggests(mapping: dict[str, Any], expec
             "actor_rollout_ref.actor.clip_ratio_c=0.5",
             "actor_rollout_ref.actor.clip_ratio_c: must be > 1.0 (got 0.5); change the value",
         ),
-        ("trainer.logger=[console,mlflow]", "trainer.logger[1]: 'mlflow' is not valid"),
+        ("trainer.logger=[console,neptune]", "trainer.logger[1]: 'neptune' is not valid"),  # mlflow: test_verl_features
         ("trainer.nnodes=0", "trainer.nnodes: must be >= 1 (got 0)"),
         ("trainer.default_hdfs_dir=hdfs://x", "trainer.default_hdfs_dir: expected null"),
         ("actor_rollout_ref.rollout.top_p=1.5", "actor_rollout_ref.rollout.top_p: must be <= 1"),
@@ -409,17 +409,18 @@ def test_async_rollout_mode_is_accepted_with_vllm_and_refused_with_what_is_not_b
     base = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.mode=async"]
     load_config(None, [*base, "actor_rollout_ref.rollout.multi_turn.enable=true"]).validate_for_run()
     refused = {
-        "actor_rollout_ref.rollout.name=sglang": "has no server mode here yet",
-        "actor_rollout_ref.rollout.multi_turn.format=gpt-oss": "set format=hermes",
+        "actor_rollout_ref.rollout.name=sglang": "server-mode \\(async\\) rollout on SGLang",
+        "actor_rollout_ref.rollout.multi_turn.format=gpt-oss": "multi_turn.format=hermes",
         "actor_rollout_ref.rollout.multi_turn.interaction_config_path=/i.yaml": "interactions",
         "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true": "token-in/token-out",
-        "+actor_rollout_ref.rollout.agent.custom_async_server.path=/x.py": "custom server classes",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2": "tensor parallelism are not built yet",
+        "+actor_rollout_ref.rollout.agent.custom_async_server.path=/x.py": "custom async rollout server class",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2": "tensor parallelism in server-mode",
     }
     for override, message in refused.items():
         with pytest.raises(ConfigError, match=message):
             load_config(None, [*base, override, "trainer.n_gpus_per_node=2", "trainer.device=cuda"]).validate_for_run()
-    sync = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.multi_turn.enable=true"]
+    sync = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "actor_rollout_ref.rollout.mode=sync"]
     with pytest.raises(ConfigError, match="run in server mode only"):
         load_config(None, sync).validate_for_run()
 

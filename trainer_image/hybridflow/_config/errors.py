@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from . import verl_features
+
 RULES_ERROR = "hybridflow_rules"
 """pydantic error type raised by the cross-field rules; its ctx carries the problem list."""
 BOOL_AS_NUMBER = "bool_as_number"
@@ -49,8 +51,14 @@ def describe_error(item: Any, root: type[BaseModel], loc: tuple[Any, ...] | None
     ctx = item.get("ctx") or {}
     got = f"got {shorten(item.get('input'))}"
     if kind == "extra_forbidden":
+        feature = verl_features.key_refusal(loc, item.get("input"))
+        if feature:  # a real verl key, not a typo: say it is not supported here and what to do
+            return f"{path}: {feature}"
         return f"{path}: unknown {noun}; {suggest(str(loc[-1]), valid_keys(root, loc[:-1]), noun)}"
     if kind == "literal_error":
+        feature = verl_features.value_refusal(loc, item.get("input"))
+        if feature:
+            return f"{path}: {feature} (got {shorten(item.get('input'))})"
         expected = str(ctx.get("expected", ""))
         return f"{path}: {shorten(item.get('input'))} is not valid; use {'one of ' if ' or ' in expected else ''}{expected}"
     if kind == "missing":

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from . import rules
+from . import rules, verl_compat
 from .common import Section
-from .errors import RULES_ERROR, ConfigError
+from .errors import RULES_ERROR, ConfigError, problems_from_validation_error
 from .groups import AlgorithmConfig, CustomRewardFunction, DataConfig, TrainerConfig
 from .interpolation import has_reference, resolve_tree
 from .workers import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
@@ -34,6 +41,40 @@ class HybridFlowConfig(Section):
     trainer: TrainerConfig = Field(
         default_factory=TrainerConfig, description="Run, cluster, logging, checkpoints."
     )
+
+    _verl_notes: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _translate_verl_keys(cls, data: Any, handler: ModelWrapValidatorHandler[HybridFlowConfig]) -> HybridFlowConfig:
+        """Read verl's aliases, deprecated keys and accepted no-op keys first (see verl_compat); keep the notes."""
+        if not isinstance(data, dict):
+            return handler(data)
+        translation = verl_compat.translate(data)
+        problems = translation.problems
+        try:
+            cfg = handler(translation.mapping)
+        except ValidationError as exc:
+            if not problems:
+                raise
+            problems = problems + problems_from_validation_error(exc, cls)
+        if problems:  # every problem at once: the translation's and validation's
+            raise PydanticCustomError(RULES_ERROR, "\n".join(problems), {"problems": problems})
+        cfg._verl_notes = translation.notes
+        return cfg
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when the settings are: the notes describe how the input was spelled, not the config."""
+        if not isinstance(other, HybridFlowConfig):
+            return NotImplemented
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like every pydantic model
+
+    @property
+    def verl_notes(self) -> list[str]:
+        """What the verl spellings of this config did: keys accepted without effect, deprecated keys converted."""
+        return list(self._verl_notes)
 
     @model_validator(mode="before")
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from . import verl_features
 from .errors import shorten
 from .names import GROUP_ESTIMATORS
 
@@ -73,7 +74,12 @@ def _cluster(cfg: HybridFlowConfig) -> list[str]:
     out = []
     tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
     per_node = cfg.trainer.n_gpus_per_node
-    if per_node % tp:
+    if tp > per_node:
+        out.append(
+            f"{ROLLOUT}.tensor_model_parallel_size: {tp} GPUs per engine, more than a node has ({per_node}): "
+            f"{verl_features.ROLLOUT_TP_NODES.message}: one of {_divisors(per_node)}"
+        )
+    elif per_node % tp:
         out.append(
             f"{ROLLOUT}.tensor_model_parallel_size: {tp} does not divide trainer.n_gpus_per_node ({per_node}); "
             f"use one of {_divisors(per_node)}"
@@ -328,13 +334,13 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
     mt, out = ro.multi_turn, []
     if ro.mode == "async" and ro.name != "vllm":
         out.append(
-            f"{ROLLOUT}.mode: async serves rollouts from vLLM AsyncLLM replicas; rollout.name={ro.name} has no "
-            "server mode here yet. Set actor_rollout_ref.rollout.name=vllm (CPU: `make vllm`), or mode=sync"
+            f"{ROLLOUT}.mode: async serves rollouts from vLLM AsyncLLM replicas (rollout.name={ro.name}): "
+            f"{verl_features.SGLANG_SERVER.message}"
         )
     if ro.mode == "async" and cfg.trainer.device == "cuda" and ro.tensor_model_parallel_size > 1:
         out.append(
-            f"{ROLLOUT}.tensor_model_parallel_size: server replicas with tensor parallelism are not built yet "
-            f"({ro.tensor_model_parallel_size} requested); use 1 with mode=async (one replica per GPU), or mode=sync"
+            f"{ROLLOUT}.tensor_model_parallel_size: {ro.tensor_model_parallel_size} requested: "
+            f"{verl_features.SERVER_TP.message}"
         )
     if ro.mode == "sync" and (mt.enable or mt.tool_config_path or ro.agent.agent_loop_config_path):
         out.append(
@@ -342,23 +348,14 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.mode=async"
         )
     if mt.format != "hermes":
-        out.append(
-            f"{ROLLOUT}.multi_turn.format: {shorten(mt.format)} is not supported here; the tool parser reads hermes "
-            "(<tool_call>{{json}}</tool_call>, Qwen's chat templates); set format=hermes"
-        )
+        out.append(f"{ROLLOUT}.multi_turn.format: {verl_features.TOOL_FORMATS.message} (got {shorten(mt.format)})")
     if mt.interaction_config_path:
-        out.append(
-            f"{ROLLOUT}.multi_turn.interaction_config_path: interactions (simulated user turns) are not supported "
-            "here yet; remove the key (tool calling works without it)"
-        )
+        out.append(f"{ROLLOUT}.multi_turn.interaction_config_path: {verl_features.INTERACTIONS.message}")
     if mt.use_inference_chat_template:
         out.append(
             f"{ROLLOUT}.multi_turn.use_inference_chat_template: true re-renders turns with the chat template, which "
             "breaks token-in/token-out training; it is not supported here, set it to false"
         )
     if ro.agent.custom_async_server.get("path"):
-        out.append(
-            f"{ROLLOUT}.agent.custom_async_server: custom server classes are not supported here; remove it (the "
-            "built-in vLLM AsyncLLM replicas serve every agent loop)"
-        )
+        out.append(f"{ROLLOUT}.agent.custom_async_server: {verl_features.CUSTOM_SERVER.message}")
     return out

@@ -259,6 +259,11 @@ class AgentLoopConfig(Section):
     )
 
 
+# RolloutConfig names these two before they exist: resolve its fields now, so that model_fields (read by the
+# error messages' "valid keys here" and the docs) holds the classes, not ForwardRef strings.
+RolloutConfig.model_rebuild(force=True)
+
+
 class ActorRolloutRefConfig(Section):
     """The policy model and the three roles built from it: actor, rollout, reference."""
 

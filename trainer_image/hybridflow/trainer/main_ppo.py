@@ -1,5 +1,9 @@
 """Entry point: `python -m hybridflow.trainer.main_ppo [config.yaml] key=value ...` (verl's CLI shape).
 
+verl's `--config-name NAME [--config-path DIR]` works too: `ppo_trainer` is the defaults, verl's multi-turn
+example names set the keys their YAMLs set, Megatron names are refused, other names are DIR/NAME.yaml
+(docs/verl_compat.md).
+
 Loads and validates the config, attaches to (or starts) Ray, builds the worker groups, data loaders and
 reward functions, checks that every data source has a scorer, then runs `RayPPOTrainer.fit()`.
 Exit codes: 0 done (also after a SIGTERM-triggered checkpoint), 2 invalid config or inputs, 1 failure.
@@ -10,8 +14,11 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow._config import verl_compat
+from hybridflow._config.verl_compat import resolve_config_name
 from hybridflow.config import ConfigError, HybridFlowConfig, load_config
 from hybridflow.workers.cpu_slots import cpu_share
 
@@ -20,16 +27,72 @@ class StartupError(RuntimeError):
     """The run cannot start: its inputs (model, tokenizer, data, reward) are unusable; the message says why."""
 
 
-USAGE = "usage: python -m hybridflow.trainer.main_ppo [config.yaml] [key=value ...]"
+USAGE = (
+    "usage: python -m hybridflow.trainer.main_ppo [config.yaml | --config-name NAME [--config-path DIR]] [key=value ...]"
+)
+
+_NAME_OPTIONS = {"--config-name": "name", "-cn": "name", "--config-path": "path", "-cp": "path"}
 
 
-def parse_argv(argv: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Split the command line into an optional YAML path (first argument without '=') and overrides."""
-    args = list(argv)
+@dataclass(frozen=True)
+class CommandLine:
+    """main_ppo's arguments: the YAML to read (None: the defaults), the overrides in order, notes to print."""
+
+    path: str | None
+    overrides: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def parse_command_line(argv: Sequence[str]) -> CommandLine:
+    """Split the command line: a YAML path (first argument without '=') or verl's `--config-name` / `--config-path`,
+    then overrides. ConfigError for a config name HybridFlow refuses or cannot find (see verl_compat)."""
+    args, options = _take_name_options(list(argv))
     path = None
     if args and "=" not in args[0] and not args[0].startswith(("~", "+")):
         path = args.pop(0)
-    return path, args
+    if "name" not in options:
+        if "path" in options:
+            raise ConfigError(["--config-path: given without --config-name; add --config-name NAME (NAME.yaml in it)"])
+        return CommandLine(path, args)
+    if path is not None:
+        raise ConfigError([f"{path}: a config file and --config-name {options['name']} both given; keep only one"])
+    choice = resolve_config_name(options["name"], options.get("path"), os.path.isfile)
+    return CommandLine(choice.path, [*choice.overrides, *args], [choice.note] if choice.note else [])
+
+
+def _take_name_options(args: list[str]) -> tuple[list[str], dict[str, str]]:
+    """Remove Hydra's --config-name / --config-path (`--opt X` or `--opt=X`, `-cn`, `-cp`) from the arguments."""
+    rest: list[str] = []
+    options: dict[str, str] = {}
+    items = iter(args)
+    for arg in items:
+        option, sep, value = arg.partition("=")
+        if option not in _NAME_OPTIONS:
+            rest.append(arg)
+            continue
+        if not sep:
+            value = next(items, "")
+        if not value:
+            raise ConfigError([f"{option}: needs a value, e.g. {option} ppo_trainer"])
+        options[_NAME_OPTIONS[option]] = value
+    return rest, options
+
+
+def parse_argv(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """The YAML path (None: the defaults) and overrides of a command line (see parse_command_line)."""
+    line = parse_command_line(argv)
+    return line.path, line.overrides
+
+
+def load_run_config(argv: Sequence[str]) -> tuple[HybridFlowConfig, list[str]]:
+    """The validated, runnable config of a command line and the verl-compatibility notes to print at start-up.
+
+    The same path `main` takes before Ray starts: reads no model and no data, so tests check command lines with it.
+    """
+    line = parse_command_line(argv)
+    cfg = load_config(line.path, line.overrides)
+    cfg.validate_for_run()
+    return cfg, [*line.notes, *cfg.verl_notes]
 
 
 def init_ray(cfg: HybridFlowConfig) -> None:
@@ -183,10 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         print(USAGE + "\n\n" + (__doc__ or ""))
         return 0
-    path, overrides = parse_argv(args)
     try:
-        cfg = load_config(path, overrides)
-        cfg.validate_for_run()
+        cfg, notes = load_run_config(args)
     except ConfigError as exc:
         print(f"invalid trainer config ({len(exc.problems)} problem(s)):", file=sys.stderr)
         for problem in exc.problems:
@@ -195,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"{exc}; pass an existing YAML file. {USAGE}", file=sys.stderr)
         return 2
+    if notes:  # once, at start-up: never accept a verl key silently (issue 13)
+        print(verl_compat.notes_line(notes), file=sys.stderr)
     from hybridflow.checkpoint import CheckpointError
 
     try:
