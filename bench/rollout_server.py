@@ -11,9 +11,10 @@ Measured, each warmed up once and then timed over --repeats calls (best kept):
 (b) bare `AsyncLLM` in this process on the same engine arguments, driven by `asyncio.gather` over the same
     requests;
 (c) ours, batch mode: a rollout worker group (`vllm.LLM.generate` in a Ray worker; `rollout.mode=sync`).
-Then a 3-turn shape through (a): each trajectory generates a turn, calls a fast tool (1 ms), appends the
-tool turn, three times; reported: the tool calls' share of the trajectories' time and the prefix-cache hit
-rate (prompt tokens of every turn served from the engine's cache, as vLLM reports them).
+Then a 3-turn shape through (a), on prompts with a ~300-token system message: each trajectory generates a
+turn, calls a fast tool (1 ms), appends the tool turn, three times; reported: the tool calls' share of the
+trajectories' time and the prefix-cache hit rate (prompt tokens of every turn served from the engine's
+cache, as vLLM reports them; vLLM-CPU caches whole 128-token blocks).
 Prints a table and, last, one JSON line with tokens/s, `ours_over_asyncllm` and `ours_over_batch`.
 Targets (issue 11): ours / AsyncLLM >= 0.85, ours / batch >= 0.9. vLLM-CPU binds its threads to every core:
 run it on a quiet machine, and read the numbers as this machine's.
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.rollout import ROOT, best_time, build_prompts, run_ours, smollm2_dir
+from bench.rollout import QUESTIONS, ROOT, best_time, build_prompts, run_ours, smollm2_dir
 
 TOOL_TURNS = 3
 TOOL_DELAY_S = 0.001
@@ -51,11 +52,42 @@ def server_config(model_dir: Path, prompts: Any, args: argparse.Namespace) -> An
         f"actor_rollout_ref.rollout.enforce_eager={str(not args.compile).lower()}",
         "actor_rollout_ref.rollout.load_format=auto", "actor_rollout_ref.rollout.ignore_eos=true",
         "actor_rollout_ref.rollout.temperature=1.0", f"actor_rollout_ref.rollout.n={args.n}",
-        # the 3-turn shape's prompt grows by its turns; the single-turn runs use the first prompt_len only
-        f"data.max_prompt_length={prompt_len + TOOL_TURNS * (args.turn_tokens + 32)}",
+        # the 3-turn shape's prompts (a long system message) grow by their turns
+        f"data.max_prompt_length={max(prompt_len, 400) + TOOL_TURNS * (args.turn_tokens + 32)}",
         f"data.max_response_length={args.response_length}",
         f"actor_rollout_ref.rollout.agent.max_concurrency={args.prompts * args.n}",
     ])
+
+
+SYSTEM = ("You are a careful assistant with tools. Think step by step, call a tool when a fact is needed, "
+          "read its result, and answer briefly. ") * 8
+
+
+def build_prompts_with_system(model_dir: Path, n: int) -> Any:
+    """The 3-turn shape's prompts: a long system message first (~300 tokens, as agent prompts with tool
+    instructions are), so whole KV blocks (128 tokens on vLLM-CPU) can be shared."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from hybridflow.protocol import DataProto
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    rows = [tok.apply_chat_template([{"role": "system", "content": SYSTEM},
+                                     {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                    tokenize=False, add_generation_prompt=True) for i in range(n)]
+    ids = [tok(r, add_special_tokens=False)["input_ids"] for r in rows]
+    width = max(len(i) for i in ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    input_ids = np.array([[pad] * (width - len(i)) + i for i in ids])
+    mask = np.array([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+    import torch
+
+    mask_t = torch.tensor(mask)
+    return DataProto.from_dict(
+        tensors={"input_ids": torch.tensor(input_ids), "attention_mask": mask_t,
+                 "position_ids": (mask_t.cumsum(1) - 1).clamp(min=0)},
+        non_tensors={"uid": np.array([str(i) for i in range(n)], dtype=object)},
+    )
 
 
 def register_three_turn_loop() -> str:
@@ -124,7 +156,7 @@ def run_server(model_dir: Path, prompts: Any, args: argparse.Namespace) -> tuple
 
         single = best_time(generate, args.repeats)
         name = register_three_turn_loop()
-        shaped = prompts.repeat(args.n, interleave=True)
+        shaped = build_prompts_with_system(model_dir, args.prompts).repeat(args.n, interleave=True)
         shaped.meta_info = {"temperature": 1.0}
         shaped.non_tensor_batch["agent_name"] = np.array([name] * len(shaped), dtype=object)
         shaped.non_tensor_batch["turn_tokens"] = np.array([args.turn_tokens] * len(shaped), dtype=object)
@@ -178,6 +210,9 @@ def run_bare_asyncllm(model_dir: Path, prompts: Any, args: argparse.Namespace) -
         return best_time(lambda: loop.run_until_complete(all_requests()), args.repeats)
     finally:
         engine.shutdown()
+        # let the engine's cancelled output task finish, so nothing holds the engine until exit (its __del__
+        # would then run on torn-down modules and print a TypeError)
+        loop.run_until_complete(asyncio.sleep(0.1))
         loop.close()
         gc.collect()
 

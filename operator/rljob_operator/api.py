@@ -9,7 +9,7 @@ so dump with `model_dump(mode="json", exclude_none=True)` (serialisation is by a
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, ValidationInfo, field_validator
 from pydantic.alias_generators import to_camel
@@ -221,7 +221,34 @@ class RunPolicy(_Model):
         description="Treat a running attempt whose training step has not advanced for this long as failed.",
     )
     ttl_seconds_after_finished: int | None = Field(
-        default=None, ge=0, description="Delete the finished RLJob this long after it succeeded or failed."
+        default=None,
+        ge=0,
+        description="Delete the children of a finished job (its RayJobs, their Ray clusters, the ConfigMap) this "
+        "many seconds after it succeeded or failed; the RLJob and its status stay (status.childrenDeletedAt "
+        "records when). Unset: the children stay until the RLJob is deleted.",
+    )
+
+
+#: spec.scheduling.scheduler values: Kubernetes' own scheduler, Kueue, or a KubeRay batch scheduler (named
+#: as KubeRay's --batch-scheduler flag names them).
+SchedulerName = Literal["default", "kueue", "volcano", "yunikorn", "kai-scheduler"]
+SCHEDULERS: tuple[str, ...] = get_args(SchedulerName)
+
+
+class SchedulingSpec(_Model):
+    """How the job's pods are admitted: gang-scheduled (all pods of an attempt at once) through a queue."""
+
+    scheduler: SchedulerName = Field(
+        description="Who admits the job's Ray cluster as a whole. kueue: Kueue's RayJob integration (the RayJob "
+        "is created suspended and Kueue unsuspends it once the queue's quota fits every pod). volcano, yunikorn, "
+        "kai-scheduler: KubeRay's batch-scheduler integration (KubeRay's operator must run with "
+        "--batch-scheduler=<the same name>). default: the cluster's default scheduler, no gang scheduling.",
+    )
+    queue: str | None = Field(
+        default=None,
+        description="The queue to submit to: a Kueue LocalQueue in the job's namespace (required with kueue), a "
+        "Volcano Queue (default: Volcano's default queue), a YuniKorn queue such as root.team-a (default: "
+        "YuniKorn's placement rules), a KAI Scheduler Queue (required with kai-scheduler).",
     )
 
 
@@ -255,8 +282,15 @@ class RLJobSpec(_Model):
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-node compute resources.")
     pod: PodSpec = Field(default_factory=PodSpec, description="Scheduling and environment settings of the pods.")
+    scheduling: SchedulingSpec | None = Field(
+        default=None,
+        description="Gang scheduling: Kueue or a KubeRay batch scheduler (Volcano, YuniKorn, KAI Scheduler) and "
+        "its queue. Unset: the default scheduler.",
+    )
     queue_name: str | None = Field(
-        default=None, description="Kueue LocalQueue to submit to; Kueue then decides when the job starts."
+        default=None,
+        description="Deprecated shorthand for scheduling: {scheduler: kueue, queue: <this>}: the Kueue LocalQueue "
+        "to submit to. Set spec.scheduling instead (not both).",
     )
     checkpoint: CheckpointSpec = Field(
         default_factory=CheckpointSpec, description="Checkpoint storage and retention."
@@ -366,6 +400,11 @@ class RLJobStatus(_Model):
     )
     start_time: str | None = Field(default=None, description="RFC 3339 time the first attempt started.")
     completion_time: str | None = Field(default=None, description="RFC 3339 time the job finished.")
+    children_deleted_at: str | None = Field(
+        default=None,
+        description="RFC 3339 time the operator deleted the finished job's RayJobs and ConfigMap "
+        "(spec.runPolicy.ttlSecondsAfterFinished).",
+    )
     last_failure: FailureInfo | None = Field(default=None, description="What made the latest attempt fail.")
     progress: Progress | None = Field(default=None, description="Training progress.")
     metrics: Metrics | None = Field(default=None, description="Latest training metrics.")

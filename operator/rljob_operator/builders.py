@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from hybridflow.config import HybridFlowConfig, parse_config
-from rljob_operator import api, names
+from rljob_operator import api, names, scheduling
 
 RAY_API_VERSION = "ray.io/v1"
 #: Ray version inside the trainer image (KubeRay uses it to pick compatible behaviour).
@@ -198,7 +198,8 @@ def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | N
     """The KubeRay v1 RayJob of one attempt: a fresh RayCluster running the trainer, torn down after.
 
     `annotations` go on the RayJob's metadata (the operator records there which spec the attempt was
-    built from, see changes.attempt_annotations). `default_image` runs the pods when `spec.image` is unset. Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
+    built from, see changes.attempt_annotations). `default_image` runs the pods when `spec.image` is unset.
+    Its labels hand it to the scheduler of `spec.scheduling` (scheduling.build_scheduling_labels). Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
     """
     name = rljob.metadata.name
     nnodes, gpus = cluster_shape(trainer_config(rljob))
@@ -215,14 +216,13 @@ def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | N
         rljob, attempt, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), [],
         default_image,
     )
-    labels = names.attempt_labels(name, attempt)
-    queued = rljob.spec.queue_name is not None
-    if queued:
-        labels[names.LABEL_KUEUE_QUEUE] = str(rljob.spec.queue_name)
+    rayjob_name = names.ray_job_name(name, attempt)
+    labels = {**names.attempt_labels(name, attempt), **scheduling.build_scheduling_labels(rljob, rayjob_name)}
+    queued = scheduling.admitted_by_kueue(rljob)
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": "RayJob",
-        "metadata": _metadata(rljob, names.ray_job_name(name, attempt), labels, annotations),
+        "metadata": _metadata(rljob, rayjob_name, labels, annotations),
         "spec": {
             "entrypoint": entrypoint(rljob),
             "shutdownAfterJobFinishes": True,

@@ -5,8 +5,8 @@ The policy (written down for users in docs/spec-changes.md):
 - live: `spec.suspend` and `spec.runPolicy.*` are read by the operator only, so a change is in effect at
   the next reconcile; the running attempt is not touched (suspend is forwarded to its RayJob).
 - new attempt: every other field shapes the trainer's pods or config (`config` including
-  `trainer.nnodes`, `image*`, `resources`, `pod`, `queueName`, `checkpoint.secretRef`/`keep`). KubeRay
-  treats a RayJob's spec as fixed, and the trainer reads its config once at start-up, so the only way
+  `trainer.nnodes`, `image*`, `resources`, `pod`, `scheduling`, `queueName`, `checkpoint.secretRef`/`keep`).
+  KubeRay treats a RayJob's spec as fixed, and the trainer reads its config once at start-up, so the only way
   to apply such an edit is a new attempt: the running one is stopped, the next one is built from the
   new spec and resumes from the latest checkpoint (checkpoints do not depend on the world size, so a
   new `trainer.nnodes` resumes too). Such a restart is not a failure and does not use up retries.

@@ -2,7 +2,8 @@
 
 Triggers: an RLJob resumed/created/updated; an event on one of our RayJobs (routed to its owner by
 the `rl.hybridflow.dev/rljob` label); a periodic resync (level-based; it also reads each running
-trainer's progress into status and restarts an attempt whose step stops advancing, issue 6). The
+trainer's progress into status and restarts an attempt whose step stops advancing, issue 6); a delayed
+reconcile when a plan asks for one (`Plan.requeue_after`: a finished job's TTL runs out then). The
 resync is our own task rather than `@kopf.timer`, because kopf 1.45 puts a finalizer on every object
 with a timer, and deletion should need no running operator. Two kopf
 indexes keep the RLJobs and our RayJobs in memory, so a reconcile needs no extra reads. kopf fills
@@ -73,6 +74,8 @@ class Runtime:
     #: Per RLJob uid: the last reason its progress could not be read (logged when it changes).
     unread: dict[str, str] = field(default_factory=dict)
     read_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
+    #: Per RLJob uid: the pending delayed reconcile (a finished job's TTL, Plan.requeue_after).
+    requeues: dict[str, asyncio.Task[None]] = field(default_factory=dict)
 
     async def reconcile(self, rljob: dict[str, Any], rayjobs: Iterable[dict[str, Any]], trigger: str, *,
                         progress: dict[str, Any] | None = None, stalled: str | None = None) -> None:
@@ -95,6 +98,37 @@ class Runtime:
             metrics.RECONCILES.labels(trigger=trigger).inc()
             self.latest[uid] = written
             self.tracker.set(uid, plan.status.get("phase"))
+        if plan.requeue_after is not None:
+            self.requeue(uid, plan.requeue_after)
+
+    def requeue(self, uid: str, delay: float) -> None:
+        """Reconcile an RLJob again in `delay` seconds (replacing a pending requeue of it)."""
+        pending = self.requeues.get(uid)
+        if pending is not None and pending is not asyncio.current_task():
+            pending.cancel()
+        self.requeues[uid] = asyncio.create_task(self._requeued(uid, delay))
+
+    async def _requeued(self, uid: str, delay: float) -> None:
+        """The delayed reconcile: the newest known copy of the RLJob, if this replica is the active one.
+
+        A standby skips it; the active replica's own reconcile (resume, resync) schedules it again.
+        """
+        # A little late rather than early: the TTL is compared with whole-second timestamps.
+        await asyncio.sleep(delay + 0.05)
+        known = self.latest.get(uid)
+        if known is None or not await self.active():
+            return
+        key = (known["metadata"]["namespace"], known["metadata"]["name"])
+        current = max([known, *self.indexes["rljobs"].get(key, [])], key=lambda o: int(o["metadata"]["resourceVersion"]))
+        try:
+            await self.reconcile(current, list(self.indexes["rayjobs"].get(key, [])), "requeue")
+        except KubeApiError as err:
+            if err.code == 404:
+                self.forget(uid)
+            else:
+                log.warning("delayed reconcile of %s/%s failed: %s; the next resync retries", *key, err)
+        except Exception:  # a task nobody awaits: log here, the next resync retries
+            log.exception("delayed reconcile of %s/%s failed", *key)
 
     async def resync_forever(self) -> None:
         """Every `resync_seconds`, reconcile every known RLJob again, with its trainer's progress."""
@@ -183,6 +217,9 @@ class Runtime:
         self.unread.pop(uid, None)
         self.reading.discard(uid)
         self.tracker.set(uid, None)
+        pending = self.requeues.pop(uid, None)
+        if pending is not None and pending is not asyncio.current_task():
+            pending.cancel()
 
 
 def _indexes(memo: Any, kwargs: dict[str, Any]) -> tuple[kopf.Index[Any, Any], kopf.Index[Any, Any]]:
@@ -220,6 +257,8 @@ async def cleanup(memo: Any, **_: Any) -> None:
     if runtime is not None:
         if runtime.resync_task is not None:
             runtime.resync_task.cancel()
+        for pending in runtime.requeues.values():
+            pending.cancel()
         await runtime.client.__aexit__(None, None, None)
         if runtime.trainers is not None:
             await runtime.trainers.close()

@@ -2,7 +2,9 @@
 
 Level-based and idempotent: the plan (`status.decide`) is computed from what is observed; child names
 are fixed by the plan before any write; creates that hit 409 read the existing object instead; the
-status is patched only when it differs from the one observed. Safe to run again at any moment.
+status is patched only when it differs from the one observed. Safe to run again at any moment. A
+finished job whose `spec.runPolicy.ttlSecondsAfterFinished` passed has its RayJobs and ConfigMap deleted
+here (`status.finished_plan` decides); the RLJob stays.
 
 `read_progress` is the other I/O here: it asks a running trainer how far it got (its Prometheus
 endpoint, else the progress record beside its checkpoints) for status.progress/metrics/checkpoint.
@@ -103,6 +105,15 @@ async def stop_rayjob(client: KubeClient, namespace: str, name: str) -> None:
             raise
 
 
+async def delete_configmap(client: KubeClient, namespace: str, name: str) -> None:
+    """Delete the RLJob's ConfigMap (a finished job's TTL expired); already gone is fine."""
+    try:
+        await client.delete("v1", "configmaps", namespace, name)
+    except KubeApiError as err:
+        if err.code != 404:
+            raise
+
+
 def _status_patch(old: Obj, new: Obj) -> Obj:
     """A merge patch turning `old` status into `new` (keys that disappeared are set to null)."""
     return {**{k: None for k in old if k not in new}, **new}
@@ -127,6 +138,8 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     created_attempt = None
     for stale in plan.stop:
         await stop_rayjob(client, ns, stale)
+    if plan.delete_config_map:
+        await delete_configmap(client, ns, names.config_map_name(name))
     if plan.attempt is not None:
         model = api.RLJob.model_validate(rljob)
         if plan.checkpoint_uri is not None:  # a change of the location is refused: keep the pinned one

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rljob_operator import changes, names
+from rljob_operator.scheduling import kueue_queue
 
 Obj = dict[str, Any]
 CONDITION_TYPES = ("Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied")
@@ -154,8 +155,8 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
         phase = "Suspended"
     elif restarting:
         phase = "Restarting"
-    elif outcome == "suspended" or (outcome == "missing" and spec.get("queueName")):
-        phase = "Queued" if spec.get("queueName") else "Suspended"
+    elif outcome == "suspended" or (outcome == "missing" and kueue_queue(spec)):
+        phase = "Queued" if kueue_queue(spec) else "Suspended"
     elif outcome == "missing":  # the next attempt is about to be created
         phase = "Retrying" if (failure or {}).get("attempt") == attempt - 1 else "Pending"
     else:
@@ -210,6 +211,10 @@ class Plan:
     annotations: dict[str, str] = field(default_factory=dict)
     #: Checkpoint location to build with instead of the spec's (set while a change of it is refused).
     checkpoint_uri: str | None = None
+    #: Delete the RLJob's ConfigMap (with `stop` naming every RayJob: the finished job's TTL expired).
+    delete_config_map: bool = False
+    #: Reconcile again after this many seconds (a finished job's TTL is still running); None: no need.
+    requeue_after: float | None = None
 
 
 def attempt_of(rayjob: Obj) -> int:
@@ -285,8 +290,8 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
         status = compute_status(rljob, None, validation_problems, now, attempt=attempt)
         return Plan(None, None, status, _transition_events(old, status))
     if old.get("phase") in TERMINAL_PHASES:
-        # Finished is final: later edits (even of runPolicy) change nothing; recreate the RLJob to run again.
-        return Plan(None, None, {**old, "observedGeneration": meta.get("generation")})
+        # Finished is final: later edits change nothing but the TTL; recreate the RLJob to run again.
+        return finished_plan(rljob, rayjobs, {**old, "observedGeneration": meta.get("generation")}, now)
     rayjob = by_attempt.get(attempt)
     outcome = rayjob_outcome(rayjob)
     events: list[EventSpec] = []
@@ -347,8 +352,9 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
         # Giving up on an attempt that still holds a cluster (stalled, past the deadline): release it.
         holding = [rayjob] if rayjob is not None and outcome in ACTIVE_OUTCOMES else []
         return Plan(None, None, status, events, stop=[r["metadata"]["name"] for r in holding
-                                                      if not r["metadata"].get("deletionTimestamp")])
-    suspend = True if spec.get("suspend") else (None if spec.get("queueName") else False)
+                                                      if not r["metadata"].get("deletionTimestamp")],
+                    requeue_after=_ttl_remaining_of(spec, status, now))
+    suspend = True if spec.get("suspend") else (None if kueue_queue(spec) else False)
     return Plan(None if stale else attempt, suspend, status, events,
                 stop=[r["metadata"]["name"] for r in stale if not r["metadata"].get("deletionTimestamp")],
                 annotations=changes.attempt_annotations(rljob, str(pinned) if refused else location),
@@ -366,3 +372,56 @@ def _deadline_passed(old: Obj, spec: Obj, now: datetime.datetime) -> bool:
     deadline = (spec.get("runPolicy") or {}).get("activeDeadlineSeconds")
     start = parse_time(old.get("startTime"))
     return bool(deadline and start and (now - start).total_seconds() > deadline)
+
+
+# ----------------------------------------------------------------------------------------- TTL
+
+
+def ttl_remaining(status: Obj, now: datetime.datetime, ttl: int) -> float | None:
+    """Seconds until a finished job's children are due for deletion (<= 0: due); None: not finished.
+
+    The clock starts at `status.completionTime`, which compute_status sets when the job ends.
+    """
+    done = parse_time(status.get("completionTime"))
+    if status.get("phase") not in TERMINAL_PHASES or done is None:
+        return None
+    return (done + datetime.timedelta(seconds=ttl) - now).total_seconds()
+
+
+def ttl_expired(status: Obj, now: datetime.datetime, ttl: int) -> bool:
+    """Whether a finished job's children are due for deletion: `ttl` seconds after it ended (Kubernetes
+    Job semantics for ttlSecondsAfterFinished)."""
+    remaining = ttl_remaining(status, now, ttl)
+    return remaining is not None and remaining <= 0
+
+
+def _ttl_of(spec: Obj) -> int | None:
+    ttl = (spec.get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    return ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None
+
+
+def _ttl_remaining_of(spec: Obj, status: Obj, now: datetime.datetime) -> float | None:
+    ttl = _ttl_of(spec)
+    return None if ttl is None else max(0.0, ttl_remaining(status, now, ttl) or 0.0)
+
+
+def finished_plan(rljob: Obj, rayjobs: list[Obj], status: Obj, now: datetime.datetime) -> Plan:
+    """The plan of a finished RLJob: nothing, a requeue while its TTL runs, or deleting its children.
+
+    Deleting removes every RayJob of the job (KubeRay's garbage collection takes their Ray clusters) and
+    the ConfigMap; the RLJob keeps its status, with `childrenDeletedAt` saying when.
+    """
+    spec = rljob.get("spec") or {}
+    ttl = _ttl_of(spec)
+    if ttl is None or status.get("childrenDeletedAt"):
+        return Plan(None, None, status)
+    if not ttl_expired(status, now, ttl):
+        return Plan(None, None, status, requeue_after=_ttl_remaining_of(spec, status, now))
+    name = (rljob.get("metadata") or {}).get("name", "")
+    doomed = sorted(r["metadata"]["name"] for r in rayjobs if not r["metadata"].get("deletionTimestamp"))
+    what = ", ".join([*(f"RayJob {n}" for n in doomed), f"ConfigMap {names.config_map_name(name)}"])
+    message = (f"Deleted {what}: spec.runPolicy.ttlSecondsAfterFinished={ttl} s passed since the job ended at "
+               f"{status.get('completionTime')}. The RLJob and its status stay; `kubectl delete rljob {name}` "
+               f"removes it.")
+    return Plan(None, None, {**status, "childrenDeletedAt": rfc3339(now)},
+                [EventSpec("Normal", "ChildrenDeleted", message)], stop=doomed, delete_config_map=True)

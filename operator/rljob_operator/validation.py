@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from hybridflow._config.errors import describe_error, dotted, shorten
 from hybridflow._config.values import location_scheme
 from hybridflow.config import ConfigError, HybridFlowConfig, parse_config
-from rljob_operator import api, names
+from rljob_operator import api, names, scheduling
 from rljob_operator.builders import METRICS_PORT, merged_config, operator_trainer_values
 
 # Patterns below are used with fullmatch: `$` would also match before a final newline ("demo\n").
@@ -251,11 +251,48 @@ def _check_resources(rljob: api.RLJob, config: HybridFlowConfig | None, report: 
 def _check_pod(rljob: api.RLJob, report: ValidationReport) -> None:
     report.errors.extend(pod_problems(rljob.spec.pod))
     queue = rljob.spec.queue_name
-    if queue is not None and (not queue or not _LABEL_VALUE.fullmatch(queue) or len(queue) > 63):
+    if queue is not None and not _is_label_value(queue):
         report.errors.append(
             f"spec.queueName: {shorten(queue)} must be a LocalQueue name (a valid label value: up to 63 letters, "
             "digits, '-', '_' or '.'); use the name of a LocalQueue in this namespace"
         )
+    report.errors.extend(scheduling_problems(rljob.spec))
+
+
+def _is_label_value(value: str) -> bool:
+    return bool(value) and bool(_LABEL_VALUE.fullmatch(value)) and len(value) <= 63
+
+
+def scheduling_problems(spec: api.RLJobSpec) -> list[str]:
+    """What is wrong with spec.scheduling (a queue the scheduler needs, settings KubeRay would override)."""
+    chosen = spec.scheduling
+    if chosen is None:
+        return []
+    if spec.queue_name is not None:
+        return ["spec.queueName: is the deprecated form of spec.scheduling (scheduler kueue); with "
+                "spec.scheduling set, remove spec.queueName (put the LocalQueue in spec.scheduling.queue)"]
+    kind, name, problems = scheduling.SCHEDULERS[chosen.scheduler], chosen.scheduler, []
+    if chosen.queue is None and kind.needs_queue:
+        problems.append(f"spec.scheduling.queue: required with scheduler {name} (it admits no job without one); "
+                        f"name {kind.queue_kind}")
+    elif chosen.queue is not None and kind.queue_label is None:
+        others = ", ".join(s for s in api.SCHEDULERS if s != "default")
+        problems.append(f"spec.scheduling.queue: has no effect with scheduler default; remove it, or choose a "
+                        f"scheduler with queues ({others})")
+    elif chosen.queue is not None and not _is_label_value(chosen.queue):
+        problems.append(f"spec.scheduling.queue: {shorten(chosen.queue)} must be {kind.queue_kind} whose name is a "
+                        "valid label value (up to 63 letters, digits, '-', '_' or '.', starting and ending with a "
+                        "letter or digit): the operator passes it as a label")
+    own = spec.pod.scheduler_name
+    if kind.kuberay_batch and own is not None and own != name:
+        problems.append(f"spec.pod.schedulerName: KubeRay's {name} integration sets the pods' schedulerName to "
+                        f"{name}, so {shorten(own)} would be overridden; remove spec.pod.schedulerName")
+    priority = spec.pod.priority_class_name
+    if name == "volcano" and priority is not None and not _is_label_value(priority):
+        problems.append(f"spec.pod.priorityClassName: {shorten(priority)} is passed to Volcano's PodGroup as the "
+                        f"label {scheduling.LABEL_RAY_PRIORITY_CLASS}, and is longer than a label value may be "
+                        "(63 characters); use a PriorityClass with a shorter name")
+    return problems
 
 
 def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
@@ -282,8 +319,11 @@ def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
         if tol.toleration_seconds is not None and tol.effect != "NoExecute":
             problems.append(f"{where}.tolerations[{i}].tolerationSeconds: only applies to effect NoExecute")
     for key, value in pod.labels.items():
-        if key in names.attempt_labels("any", 1) or key == names.LABEL_KUEUE_QUEUE:
+        if key in names.attempt_labels("any", 1):
             problems.append(f"{where}.labels.{key}: set by the operator (it selects pods by it); remove it")
+        elif key in scheduling.SCHEDULING_LABELS:
+            problems.append(f"{where}.labels.{key}: set by the operator and KubeRay from spec.scheduling; remove "
+                            "it and choose the scheduler and queue in spec.scheduling")
         elif not _LABEL_VALUE.fullmatch(value) or len(value) > 63:
             problems.append(
                 f"{where}.labels.{dotted((key,))}: {shorten(value)} is not a valid label value (up to 63 letters, "

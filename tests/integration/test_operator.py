@@ -190,6 +190,74 @@ def test_deletion_garbage_collects_children(kube: KubeEmulator, operator: Operat
     assert kube.find(RLJ, "rljobs", "gone") is None  # no finalizer held it
 
 
+def test_ttl_deletes_the_children_of_a_finished_job_and_keeps_it(kube: KubeEmulator, operator: Operator) -> None:
+    """spec.runPolicy.ttlSecondsAfterFinished: RayJobs (their Ray clusters with them) and ConfigMap go, the RLJob stays."""
+    kube.create(RLJ, "rljobs", manifest("brief", runPolicy={"backoffLimit": 1, "ttlSecondsAfterFinished": 1}),
+                "default")
+    first = wait_for(lambda: kube.find(RAY, "rayjobs", "brief-a1"), "RayJob brief-a1")
+    kuberay(kube, "brief-a1", "Failed", "FAILED", reason="AppFailed", message="worker lost")
+    second = wait_for(lambda: kube.find(RAY, "rayjobs", "brief-a2"), "RayJob brief-a2 (the retry)")
+    # The Ray cluster KubeRay would create, owned by its RayJob: the garbage collector takes it along.
+    kube.create(RAY, "rayclusters", {
+        "apiVersion": RAY, "kind": "RayCluster", "spec": second["spec"]["rayClusterSpec"],
+        "metadata": {"name": "brief-a2-x7k2p", "ownerReferences": [
+            {"apiVersion": RAY, "kind": "RayJob", "name": "brief-a2", "uid": second["metadata"]["uid"],
+             "controller": True}]}}, "default")  # fmt: skip
+    kuberay(kube, "brief-a2", "Complete", "SUCCEEDED")
+    wait_for(phase_is(kube, "brief", "Succeeded"), "phase Succeeded")
+    ended = status(kube, "brief")["completionTime"]
+    wait_for(lambda: not kube.list(RAY, "rayjobs", labels="rl.hybridflow.dev/rljob=brief"), "RayJobs deleted", 10)
+    assert first["metadata"]["name"] == "brief-a1"
+    assert kube.find("v1", "configmaps", "brief-config") is None
+    assert kube.find(RAY, "rayclusters", "brief-a2-x7k2p") is None
+    kept = wait_for(lambda: status(kube, "brief").get("childrenDeletedAt") and status(kube, "brief"),
+                    "status.childrenDeletedAt")
+    assert kept["phase"] == "Succeeded" and kept["completionTime"] == ended and kept["attempt"] == 2
+    assert kept["childrenDeletedAt"] >= ended
+    (event,) = [e for e in events_for(kube, "brief") if e["reason"] == "ChildrenDeleted"]
+    assert "RayJob brief-a1, RayJob brief-a2, ConfigMap brief-config" in event["message"]
+    time.sleep(2.5)  # a resync later: nothing is recreated, nothing posted twice
+    assert not kube.list(RAY, "rayjobs", labels="rl.hybridflow.dev/rljob=brief")
+    assert kube.find("v1", "configmaps", "brief-config") is None
+    assert len([e for e in events_for(kube, "brief") if e["reason"] == "ChildrenDeleted"]) == 1
+    assert 'rljob_reconciles_total{trigger="requeue"}' in _fetch(f"http://127.0.0.1:{operator.metrics_port}/metrics")
+
+
+def test_without_ttl_children_stay(kube: KubeEmulator, operator: Operator) -> None:
+    kube.create(RLJ, "rljobs", manifest("keeper"), "default")
+    wait_for(lambda: kube.find(RAY, "rayjobs", "keeper-a1"), "RayJob keeper-a1")
+    kuberay(kube, "keeper-a1", "Complete", "SUCCEEDED")
+    wait_for(phase_is(kube, "keeper", "Succeeded"), "phase Succeeded")
+    time.sleep(2.5)  # a resync later
+    assert kube.find(RAY, "rayjobs", "keeper-a1") and kube.find("v1", "configmaps", "keeper-config")
+    assert "childrenDeletedAt" not in status(kube, "keeper")
+
+
+@pytest.mark.parametrize(("scheduling", "labels", "suspend", "phase"), [
+    ({"scheduler": "kueue", "queue": "team-a"}, {"kueue.x-k8s.io/queue-name": "team-a"}, True, "Queued"),
+    ({"scheduler": "volcano", "queue": "training"},
+     {"ray.io/scheduler-name": "volcano", "volcano.sh/queue-name": "training"}, False, "Starting"),
+    ({"scheduler": "yunikorn", "queue": "root.rl"},
+     {"yunikorn.apache.org/queue": "root.rl", "yunikorn.apache.org/app-id": "default-gang-yunikorn-a1",
+      "ray.io/gang-scheduling-enabled": "true"}, False, "Starting"),
+    ({"scheduler": "kai-scheduler", "queue": "team-a"}, {"kai.scheduler/queue": "team-a"}, False, "Starting"),
+], ids=["kueue", "volcano", "yunikorn", "kai-scheduler"])  # fmt: skip
+def test_gang_scheduling_reaches_the_rayjob(kube: KubeEmulator, operator: Operator, scheduling: dict[str, str],
+                                            labels: dict[str, str], suspend: bool, phase: str) -> None:
+    """spec.scheduling becomes the RayJob's labels (and suspend for Kueue), accepted by KubeRay's CRD schema."""
+    name = f"gang-{scheduling['scheduler'].split('-')[0]}"
+    kube.create(RLJ, "rljobs", manifest(name, scheduling=scheduling), "default")
+    rayjob = wait_for(lambda: kube.find(RAY, "rayjobs", f"{name}-a1"), f"RayJob {name}-a1")
+    assert labels.items() <= rayjob["metadata"]["labels"].items()
+    assert rayjob["spec"]["suspend"] is suspend
+    wait_for(phase_is(kube, name, phase), f"phase {phase}")
+    if scheduling["scheduler"] == "kueue":  # Kueue admits the workload: it unsuspends the RayJob
+        kube.patch(RAY, "rayjobs", f"{name}-a1", {"spec": {"suspend": False}})
+        kuberay(kube, f"{name}-a1", "Running", "RUNNING")
+        wait_for(phase_is(kube, name, "Running"), "phase Running once admitted")
+        assert kube.get(RAY, "rayjobs", f"{name}-a1")["spec"]["suspend"] is False  # the operator leaves it
+
+
 def test_metrics_and_health_endpoint(kube: KubeEmulator, operator: Operator) -> None:
     url = f"http://127.0.0.1:{operator.metrics_port}"
     text = wait_for(lambda: _fetch(url + "/metrics"), "metrics endpoint")

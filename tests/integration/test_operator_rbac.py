@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.support import binaries
-from tests.support.helm import copy_chart_with_stand_in, render
+from tests.support.helm import CHART, render
 from tests.support.kube_emulator import KubeEmulator
 from tests.support.operator_proc import Operator, wait_for
 
@@ -35,9 +35,9 @@ TOLERATED = {"namespaced": {("list", "", "namespaces"), ("watch", "", "namespace
 
 
 @pytest.fixture(scope="module")
-def chart(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    """A copy of the chart with a stand-in kuberay-operator subchart."""
-    return copy_chart_with_stand_in(tmp_path_factory.mktemp("chart"))
+def chart() -> pathlib.Path:
+    """The chart folder of the repository, as a clone has it."""
+    return CHART
 
 
 @pytest.fixture

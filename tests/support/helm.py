@@ -1,17 +1,15 @@
 """Render the rljob-operator chart with the real `helm` binary, and validate what it renders.
 
-The chart declares the official kuberay-operator chart as an optional dependency (disabled by
-default). Helm refuses to lint or render a chart whose declared dependencies are missing from
-`charts/`, even disabled ones, and the real chart cannot be fetched here (no internet). So tests work
-on a copy of the chart with a minimal stand-in `charts/kuberay-operator` (same name and version, one
-marker ConfigMap): the real chart's templates, values and schema are what is tested, and the marker
-shows whether the dependency's condition switches the subchart on and off.
+The chart has no dependencies (KubeRay is installed on its own), so tests render the chart folder of
+the repository itself, exactly as a clone has it. `run_helm` gives helm an empty home and a proxy that
+refuses every connection: a chart that needed the network (a dependency to fetch) fails here as it
+would in an air-gapped cluster.
 """
 
 from __future__ import annotations
 
-import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,55 +21,33 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "rljob-operator"
 K8S_VERSION = "1.37"
-STAND_IN_MARKER = "kuberay-operator-stand-in"
-
-_STAND_IN_TEMPLATE = f"""apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: {STAND_IN_MARKER}
-data:
-  note: test double of the kuberay-operator chart (tests/support/helm.py)
-"""
-
-
-def chart_dependency(name: str) -> dict[str, Any]:
-    """The dependency entry `name` of the chart's Chart.yaml."""
-    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    return next(d for d in meta.get("dependencies", []) if d["name"] == name)
-
-
-def copy_chart_with_stand_in(dest: Path) -> Path:
-    """Copy the chart to `dest/rljob-operator` with a stand-in kuberay-operator subchart; returns its path."""
-    target = dest / CHART.name
-    shutil.copytree(CHART, target)
-    dep = chart_dependency("kuberay-operator")
-    sub = target / "charts" / dep["name"]
-    (sub / "templates").mkdir(parents=True)
-    (sub / "Chart.yaml").write_text(f"apiVersion: v2\nname: {dep['name']}\nversion: {dep['version']}\n")
-    (sub / "templates" / "marker.yaml").write_text(_STAND_IN_TEMPLATE)
-    return target
+#: Nothing listens there: any download helm tried would fail at once instead of reaching the network.
+_NO_NETWORK = "http://127.0.0.1:9"
 
 
 def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run helm with a private, empty home so no user config or repository cache leaks in."""
+    """Run helm offline, with a private, empty home so no user config or repository cache leaks in."""
     return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=60,
                           env={"PATH": "/usr/bin:/bin", "HELM_CACHE_HOME": "/tmp/rljob-helm-test/cache",
                                "HELM_CONFIG_HOME": "/tmp/rljob-helm-test/config",
-                               "HELM_DATA_HOME": "/tmp/rljob-helm-test/data"})  # fmt: skip
+                               "HELM_DATA_HOME": "/tmp/rljob-helm-test/data",
+                               "HTTP_PROXY": _NO_NETWORK, "HTTPS_PROXY": _NO_NETWORK, "NO_PROXY": ""})  # fmt: skip
 
 
-def template(helm: Path, chart: Path, values: Mapping[str, Any] | None = None, *extra: str,
+def template(helm: Path, chart: Path = CHART, values: Mapping[str, Any] | None = None, *extra: str,
              namespace: str = "rljob-system") -> subprocess.CompletedProcess[str]:
-    """`helm template rljob CHART -n NAMESPACE --include-crds` with `values` written to a values file."""
+    """`helm template rljob CHART -n NAMESPACE --include-crds` with `values` written to a temporary values file."""
     args = ["template", "rljob", str(chart), "--namespace", namespace, "--include-crds", *extra]
-    if values:
-        values_file = chart.parent / "test-values.yaml"
-        values_file.write_text(yaml.safe_dump(dict(values)))
-        args += ["--values", str(values_file)]
-    return run_helm(helm, *args)
+    with tempfile.TemporaryDirectory(prefix="rljob-helm-values-") as tmp:
+        if values:
+            values_file = Path(tmp) / "values.yaml"
+            values_file.write_text(yaml.safe_dump(dict(values)))
+            args += ["--values", str(values_file)]
+        return run_helm(helm, *args)
 
 
-def render(helm: Path, chart: Path, values: Mapping[str, Any] | None = None, *extra: str) -> list[dict[str, Any]]:
+def render(helm: Path, chart: Path = CHART, values: Mapping[str, Any] | None = None,
+           *extra: str) -> list[dict[str, Any]]:
     """The objects `helm template` renders; fails with helm's stderr when it does not render."""
     result = template(helm, chart, values, *extra)
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"

@@ -77,6 +77,61 @@ VARIANTS: dict[str, tuple[dict, dict, int, int, bool, str | None]] = {
 }
 
 
+# name -> (spec overrides, the RayJob's labels beyond the attempt labels, spec.suspend of the RayJob).
+# Label names: KubeRay v1.7 ray-operator (batchscheduler/*, utils/constant.go) and Kueue's RayJob integration.
+SCHEDULING: dict[str, tuple[dict, dict[str, str], bool]] = {
+    "none": ({}, {}, False),
+    "default scheduler": ({"scheduling": {"scheduler": "default"}}, {}, False),
+    "kueue": ({"scheduling": {"scheduler": "kueue", "queue": "team-a"}},
+              {"kueue.x-k8s.io/queue-name": "team-a"}, True),
+    "kueue, deprecated queueName": ({"queueName": "team-a"}, {"kueue.x-k8s.io/queue-name": "team-a"}, True),
+    "kueue, suspended": ({"scheduling": {"scheduler": "kueue", "queue": "q"}, "suspend": True},
+                         {"kueue.x-k8s.io/queue-name": "q"}, True),
+    "volcano with queue and priority": (
+        {"scheduling": {"scheduler": "volcano", "queue": "training"}, "pod": {"priorityClassName": "rl-high"}},
+        {"ray.io/scheduler-name": "volcano", "volcano.sh/queue-name": "training",
+         "ray.io/priority-class-name": "rl-high"}, False),
+    "volcano, default queue": ({"scheduling": {"scheduler": "volcano"}}, {"ray.io/scheduler-name": "volcano"}, False),
+    "yunikorn": ({"scheduling": {"scheduler": "yunikorn", "queue": "root.team-a"}},
+                 {"yunikorn.apache.org/queue": "root.team-a", "yunikorn.apache.org/app-id": "ml-demo-a1",
+                  "ray.io/gang-scheduling-enabled": "true"}, False),
+    "yunikorn, placement rules": ({"scheduling": {"scheduler": "yunikorn"}},
+                                  {"yunikorn.apache.org/app-id": "ml-demo-a1",
+                                   "ray.io/gang-scheduling-enabled": "true"}, False),
+    "kai-scheduler": ({"scheduling": {"scheduler": "kai-scheduler", "queue": "team-a"}},
+                      {"kai.scheduler/queue": "team-a"}, False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SCHEDULING)
+def test_scheduling_labels_and_suspend(case: str) -> None:
+    spec, labels, suspend = SCHEDULING[case]
+    rayjob = builders.build_rayjob(_rljob(GPU_CONFIG, **spec), 1)
+    own = {k: v for k, v in rayjob["metadata"]["labels"].items() if k not in names.attempt_labels("demo", 1)}
+    assert own == labels
+    assert rayjob["spec"]["suspend"] is suspend
+    for template in (_worker(rayjob)["template"], rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]):
+        # KubeRay's plugins set the pods' schedulerName and queue labels from the RayCluster's labels.
+        assert "schedulerName" not in template["spec"]
+        assert not set(template["metadata"]["labels"]) & set(labels)
+
+
+def test_yunikorn_app_id_is_unique_per_namespace_and_a_label_value() -> None:
+    from rljob_operator.scheduling import yunikorn_app_id
+
+    assert yunikorn_app_id("ml", "demo-a1") == "ml-demo-a1"
+    assert yunikorn_app_id(None, "demo-a1") == "demo-a1"
+    long_ns, rayjob = "n" * 63, "x" * names.MAX_RAYJOB_NAME_LENGTH
+    ids = {yunikorn_app_id(long_ns, rayjob), yunikorn_app_id(long_ns[:-1] + "m", rayjob)}
+    assert len(ids) == 2 and all(len(i) <= 63 for i in ids)
+
+
+def test_volcano_priority_comes_from_the_pod_defaults_too() -> None:
+    rljob = _rljob(GPU_CONFIG, scheduling={"scheduler": "volcano"})
+    (_, rayjob) = builders.build_children(rljob, 1, pod_defaults=api.PodSpec(priority_class_name="batch"))
+    assert rayjob["metadata"]["labels"]["ray.io/priority-class-name"] == "batch"
+
+
 def _worker(rayjob: dict) -> dict:
     return rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
 
@@ -282,6 +337,8 @@ def test_rayjobs_pass_kuberays_crd(tmp_path: Path) -> None:
     for i, (spec, config, *_) in enumerate(VARIANTS.values(), start=1):
         rayjob = builders.build_rayjob(_rljob(config, **spec), i)
         docs.append(rayjob)
+    for i, (spec, *_) in enumerate(SCHEDULING.values(), start=1):
+        docs.append(builders.build_rayjob(_rljob(GPU_CONFIG, **spec), i))
     manifest = tmp_path / "rayjobs.yaml"
     manifest.write_text(yaml.safe_dump_all(docs))
     result = subprocess.run(

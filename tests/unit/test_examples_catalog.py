@@ -86,13 +86,39 @@ def test_two_node_job_is_queued_tolerates_gpu_taints_and_has_a_priority() -> Non
     assert job["spec"]["config"]["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 2
     rljob = api.RLJob.model_validate({**job, "metadata": {**job["metadata"], "uid": "u"}})
     rayjob = build_rayjob(rljob, 1)
-    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == job["spec"]["queueName"]
+    assert job["spec"]["scheduling"]["scheduler"] == "kueue"
+    assert rayjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == job["spec"]["scheduling"]["queue"]
     assert rayjob["spec"]["suspend"] is True  # Kueue admits it by unsuspending
     (workers,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     assert workers["replicas"] == 2
     pod = workers["template"]["spec"]
     assert pod["priorityClassName"] == "rl-training"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_kueue_queues_admit_the_two_node_job_whole() -> None:
+    """examples/kueue_queues.yaml: the LocalQueue the 2-node job names, with quota for its head and workers."""
+    from rljob_operator.validation import parse_quantity
+
+    docs = {d["kind"]: d for d in yaml.safe_load_all((EXAMPLES / "kueue_queues.yaml").read_text())}
+    job = _job("rljob_grpo_2node.yaml")
+    assert docs["LocalQueue"]["metadata"]["name"] == job["spec"]["scheduling"]["queue"]
+    assert docs["LocalQueue"]["spec"]["clusterQueue"] == docs["ClusterQueue"]["metadata"]["name"]
+    (group,) = docs["ClusterQueue"]["spec"]["resourceGroups"]
+    (flavor,) = group["flavors"]
+    assert flavor["name"] == docs["ResourceFlavor"]["metadata"]["name"]
+    quota = {r["name"]: parse_quantity(r["nominalQuota"]) for r in flavor["resources"]}
+    rljob = api.RLJob.model_validate({**job, "metadata": {**job["metadata"], "uid": "u"}})
+    cluster = build_rayjob(rljob, 1)["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"]] + [
+        g["template"] for g in cluster["workerGroupSpecs"] for _ in range(g["replicas"])]
+    needed: dict[str, Any] = {}
+    for pod in pods:
+        for name, amount in pod["spec"]["containers"][0]["resources"]["requests"].items():
+            needed[name] = needed.get(name, 0) + parse_quantity(amount)
+    assert set(needed) == set(group["coveredResources"])
+    for name, amount in needed.items():
+        assert quota[name] >= amount, f"ClusterQueue quota of {name} is below the job's {amount}"
 
 
 def test_drgrpo_drops_std_and_length_normalisation() -> None:

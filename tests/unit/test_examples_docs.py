@@ -20,7 +20,7 @@ def test_api_reference_is_current() -> None:
 
 def test_api_reference_covers_every_field() -> None:
     text = (DOCS / "api.md").read_text()
-    for model in (api.RLJobSpec, api.RunPolicy, api.CheckpointSpec, api.RLJobStatus, api.Progress):
+    for model in (api.RLJobSpec, api.RunPolicy, api.CheckpointSpec, api.SchedulingSpec, api.RLJobStatus, api.Progress):
         assert f"## {model.__name__}" in text
         for name, field in model.model_fields.items():
             assert f"| `{field.alias or name}` |" in text

@@ -14,8 +14,6 @@ from tests.support import binaries
 from tests.support.helm import (
     CHART,
     REPO,
-    STAND_IN_MARKER,
-    copy_chart_with_stand_in,
     render,
     run_helm,
     template,
@@ -33,7 +31,6 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "dashboard": {"grafanaDashboard": {"enabled": True, "namespace": "monitoring"}},
     "standalone-no-crd-read": {"operator": {"peering": {"enabled": False}, "verbose": True},
                                "rbac": {"observeCRDs": False}},
-    "kuberay-enabled": {"kuberay-operator": {"enabled": True}},
     "no-rbac-existing-sa": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"}},
     "stopped": {"replicaCount": 0},
     "three-replicas": {"replicaCount": 3, "podDisruptionBudget": {"enabled": True}},
@@ -48,9 +45,9 @@ def helm() -> Path:
 
 
 @pytest.fixture(scope="module")
-def chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the chart with a stand-in kuberay-operator subchart (see tests/support/helm.py)."""
-    return copy_chart_with_stand_in(tmp_path_factory.mktemp("chart"))
+def chart() -> Path:
+    """The chart folder of the repository, as a clone has it (nothing vendored, nothing fetched)."""
+    return CHART
 
 
 def _by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -62,16 +59,26 @@ def _deployment(objs: list[dict[str, Any]]) -> dict[str, Any]:
     return deployment
 
 
-def test_lint_strict(helm: Path, chart: Path) -> None:
-    result = run_helm(helm, "lint", "--strict", str(chart))
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_clone_renders_installs_and_packages_offline(helm: Path, tmp_path: Path) -> None:
+    """Issue 15 part 7: lint, template, install and package straight from the clone, with no network.
 
-
-def test_repo_folder_asks_for_dependency_build(helm: Path) -> None:
-    """The dependency is declared, not vendored: helm says what to run (as docs/operations.md does)."""
-    result = template(helm, CHART)
-    assert result.returncode != 0 and "helm dependency build" in result.stderr
+    KubeRay is installed on its own (docs/operations.md): a declared dependency, even a disabled one,
+    would make every one of these fail until `helm dependency build` had fetched it.
+    """
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert not meta.get("dependencies"), "declare no chart dependencies: helm then needs them in charts/"
     assert not (CHART / "charts").exists(), "do not vendor subcharts into helm/rljob-operator/charts"
+    lint = run_helm(helm, "lint", "--strict", str(CHART))
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    rendered = template(helm, CHART)
+    assert rendered.returncode == 0, rendered.stderr
+    install = run_helm(helm, "install", "rljob", str(CHART), "-n", "rljob-system", "--dry-run=client")
+    assert install.returncode == 0, install.stderr
+    notes = install.stdout.split("NOTES:", 1)[1]
+    assert "helm install kuberay-operator kuberay/kuberay-operator --version 1.7.0" in notes
+    package = run_helm(helm, "package", str(CHART), "--destination", str(tmp_path))
+    assert package.returncode == 0, package.stderr
+    assert (tmp_path / f"rljob-operator-{meta['version']}.tgz").exists()
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -213,7 +220,7 @@ WORKLOAD_RULES = {
     ("rl.hybridflow.dev", "rljobs/status"): {"patch"},
     ("rl.hybridflow.dev", "rljobs/finalizers"): {"update"},
     ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("", "configmaps"): {"get", "create", "patch"},
+    ("", "configmaps"): {"get", "create", "patch", "delete"},
     ("", "events"): {"create"},
 }
 #: kopf lists/watches/patches the peering object; peering.py creates it when missing and reads it.
@@ -274,7 +281,6 @@ def test_namespaced_rbac_has_no_cluster_wide_workload_grants(helm: Path, chart: 
 def test_optional_objects_follow_their_switches(helm: Path, chart: Path) -> None:
     default = {o["kind"] for o in render(helm, chart)}
     assert not default & {"ServiceMonitor", "PodMonitor", "PodDisruptionBudget"}
-    assert STAND_IN_MARKER not in {o["metadata"]["name"] for o in render(helm, chart)}
     monitors = render(helm, chart, SCENARIOS["service-monitor"])
     (sm,) = _by_kind(monitors, "ServiceMonitor")
     assert sm["metadata"]["labels"]["release"] == "prom" and sm["spec"]["endpoints"][0]["port"] == "metrics"
@@ -283,8 +289,6 @@ def test_optional_objects_follow_their_switches(helm: Path, chart: Path) -> None
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     (pdb,) = _by_kind(render(helm, chart, SCENARIOS["pdb"]), "PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == 1
-    kuberay = render(helm, chart, SCENARIOS["kuberay-enabled"])
-    assert STAND_IN_MARKER in {o["metadata"]["name"] for o in kuberay}
     stopped = render(helm, chart, SCENARIOS["stopped"])
     assert _deployment(stopped)["spec"]["replicas"] == 0 and not _by_kind(stopped, "ClusterKopfPeering")
 

@@ -25,8 +25,9 @@ from hybridflow.trainer import batch_ops
 pytestmark = pytest.mark.timeout(120, method="thread")  # a regression must not hang the suite
 
 BUDGET = 1.0
-# Killing and replacing a worker, plus a loaded CI machine; the budget itself is exact.
-MARGIN = 3.0
+# Killing and replacing a worker on a loaded 2-core machine (7.7 s seen with other test runs beside it). The
+# bounds show that a hung scorer is cut off (the hostile ones would run for 1,000 s or forever), not how fast.
+MARGIN = 12.0
 
 # The response text picks the behaviour: a user function that hangs, sleeps, raises or kills its process
 # on some inputs and scores the others normally.
@@ -146,7 +147,7 @@ def test_several_hangs_in_one_batch(budgeted: BudgetedScorer) -> None:
     started = time.monotonic()
     outcomes = budgeted.run([_call("spin"), _call("7"), _call("sleep"), _call("7")])
     assert [o.status for o in outcomes] == ["timeout", "ok", "timeout", "ok"]
-    assert time.monotonic() - started < BUDGET + MARGIN  # two workers: the hangs run side by side
+    assert time.monotonic() - started < BUDGET + MARGIN  # two hangs on two workers: bounded
 
 
 def test_unpicklable_scorer_runs_here_under_an_alarm(caplog: pytest.LogCaptureFixture) -> None:
@@ -214,7 +215,7 @@ def test_manager_scores_hangs_and_errors_zero_and_counts_them(
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="hybridflow.rewards.manager"):
         out = manager(data, return_dict=True)
-    assert time.monotonic() - started < BUDGET + MARGIN  # two hangs on two workers, side by side
+    assert time.monotonic() - started < BUDGET + MARGIN  # two hangs on two workers: bounded
     scores = out["reward_tensor"].sum(-1).tolist()
     assert scores == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]
     assert out["reward_metrics"] == {"reward/timeouts": 2.0, "reward/errors": 3.0}  # raise, None, NaN

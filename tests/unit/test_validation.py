@@ -285,3 +285,47 @@ def test_what_the_operator_does_not_decide_is_accepted(changes: dict[str, Any]) 
 def test_parse_quantity_refuses_unbounded_or_padded_input(text: str) -> None:
     with pytest.raises(ValueError, match="Kubernetes quantity"):
         parse_quantity(text)
+
+
+# spec.scheduling: (changes, the one error expected; None: valid).
+SCHEDULING_CASES: dict[str, tuple[dict[str, Any], str | None]] = {
+    "kueue with a LocalQueue": ({"spec.scheduling": {"scheduler": "kueue", "queue": "team-a"}}, None),
+    "volcano without queue (Volcano's default queue)": ({"spec.scheduling": {"scheduler": "volcano"}}, None),
+    "yunikorn with a hierarchical queue": ({"spec.scheduling": {"scheduler": "yunikorn", "queue": "root.a"}}, None),
+    "kai with a queue": ({"spec.scheduling": {"scheduler": "kai-scheduler", "queue": "team-a"}}, None),
+    "kueue without queue": ({"spec.scheduling": {"scheduler": "kueue"}},
+                            "spec.scheduling.queue: required with scheduler kueue (it admits no job without one); "
+                            "name a Kueue LocalQueue in the RLJob's namespace"),
+    "kai without queue": ({"spec.scheduling": {"scheduler": "kai-scheduler"}},
+                          "spec.scheduling.queue: required with scheduler kai-scheduler"),
+    "queue for the default scheduler": ({"spec.scheduling": {"scheduler": "default", "queue": "q"}},
+                                        "spec.scheduling.queue: has no effect with scheduler default; remove it"),
+    "queue that is no label value": ({"spec.scheduling": {"scheduler": "kueue", "queue": "team a"}},
+                                     "spec.scheduling.queue: 'team a' must be a Kueue LocalQueue"),
+    "unknown scheduler": ({"spec.scheduling": {"scheduler": "slurm"}},
+                          "spec.scheduling.scheduler: 'slurm' is not valid; use one of 'default', 'kueue'"),
+    "no scheduler named": ({"spec.scheduling": {"queue": "q"}}, "spec.scheduling.scheduler"),
+    "queueName and scheduling both": ({"spec.queueName": "a", "spec.scheduling": {"scheduler": "kueue", "queue": "a"}},
+                                      "spec.queueName: is the deprecated form of spec.scheduling"),
+    "a pod schedulerName KubeRay would override": (
+        {"spec.scheduling": {"scheduler": "volcano"}, "spec.pod.schedulerName": "my-scheduler"},
+        "spec.pod.schedulerName: KubeRay's volcano integration sets the pods' schedulerName to volcano"),
+    "the same schedulerName is fine": (
+        {"spec.scheduling": {"scheduler": "volcano"}, "spec.pod.schedulerName": "volcano"}, None),
+    "a scheduling label set by hand": ({"spec.pod.labels": {"kai.scheduler/queue": "q"}},
+                                       "spec.pod.labels.kai.scheduler/queue: set by the operator and KubeRay from "
+                                       "spec.scheduling"),
+    "a long priority class for volcano": (
+        {"spec.scheduling": {"scheduler": "volcano"}, "spec.pod.priorityClassName": "p" * 64},
+        "spec.pod.priorityClassName: 'ppp"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SCHEDULING_CASES)
+def test_scheduling_is_checked(case: str) -> None:
+    changes, expected = SCHEDULING_CASES[case]
+    errors = validate_rljob(_with(changes))
+    if expected is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and expected in errors[0], errors

@@ -71,14 +71,16 @@ only list/watch is used. A test (tests/unit/test_helm.py WORKLOAD_RULES) keeps t
   resources: ["rljobs/finalizers"]
   verbs: ["update"]
 # One RayJob per attempt: watched by kopf; created, read back after a 409, patched (suspend) and
-# deleted when a spec edit supersedes the running attempt (reconcile.stop_rayjob).
+# deleted when a spec edit supersedes the running attempt (reconcile.stop_rayjob) or when a finished
+# job's runPolicy.ttlSecondsAfterFinished passed.
 - apiGroups: ["ray.io"]
   resources: ["rayjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# The trainer config of each RLJob (create, read back after a 409, patch).
+# The trainer config of each RLJob (create, read back after a 409, patch; deleted when a finished
+# job's runPolicy.ttlSecondsAfterFinished passed).
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "create", "patch", "delete"]
 # Events on RLJobs (validation errors, attempts, retries), from the operator and from kopf.
 - apiGroups: [""]
   resources: ["events"]
