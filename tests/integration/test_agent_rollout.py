@@ -75,10 +75,9 @@ def test_single_turn_server_mode_matches_batch_mode(tiny_model: Path) -> None:
 
 def check_equivalence(model_dir: str) -> None:
     """Greedy outputs identical and sampled log-prob means within noise, batch mode vs server mode."""
-    from transformers import AutoTokenizer
-
     import numpy as np
     import openai
+    from transformers import AutoTokenizer
 
     from hybridflow.agent import OpenAIAgentLoop, register
     from hybridflow.agent.manager import AgentLoopManager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,35 @@ def test_multiprocess_engine_syncs_through_the_worker_extension(
         sync_to_m1_and_check(engine, setup)
     finally:
         engine.llm.llm_engine.engine_core.shutdown()
+
+
+class _Records(logging.Handler):
+    """Keeps the formatted messages a logger emits after its own filters."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_weight_push_logs_no_rotary_warning_but_a_real_miss_still_warns(setup: dict[str, Any]) -> None:
+    """Issue 17: vLLM's "RotaryEmbedding: Failed to load weights" is dropped; a layer left unloaded is not."""
+    from hybridflow.rollout.vllm_reload_log import RELOAD_LOGGER
+
+    engine, records = setup["engine"], _Records()
+    logger = logging.getLogger(RELOAD_LOGGER)
+    logger.addHandler(records)
+    try:
+        engine.load_weights(setup["m1"].state_dict().items())
+        assert not [m for m in records.messages if "Failed to load weights" in m]
+        # a push missing one MLP weight: vLLM keeps the old tensor and warns, and that must stay visible
+        partial = {k: v for k, v in setup["m0"].state_dict().items() if k != "model.layers.0.mlp.down_proj.weight"}
+        engine.load_weights(partial.items())
+        assert [m for m in records.messages if m.endswith("Failed to load weights")] == [
+            "RowParallelLinear: Failed to load weights"
+        ]
+    finally:
+        logger.removeHandler(records)
+        engine.load_weights(setup["m0"].state_dict().items())  # the fixture's engine serves m0 again

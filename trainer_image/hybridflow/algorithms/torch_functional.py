@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 Axis = int | tuple[int, ...] | None
@@ -50,22 +52,56 @@ def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor, tensor_max: torch.T
     return torch.max(torch.min(x, tensor_max), tensor_min)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution given by ``logits`` over the last dimension."""
+# Vocabulary-wide temporaries (softmax, exp) are built this many bytes at a time: a micro-batch then
+# needs one (positions x vocab) tensor, the logits, instead of three or four (issue 17).
+CHUNK_BYTES = 64 << 20
+
+
+def vocab_chunk_rows(vocab: int, itemsize: int = 4, budget: int = CHUNK_BYTES) -> int:
+    """Rows of a (rows, vocab) fp32 temporary that fit in `budget` bytes (at least 1)."""
+    return max(1, budget // max(1, vocab * itemsize))
+
+
+def _by_row_chunks(fn: Callable[..., torch.Tensor], logits: torch.Tensor, *others: torch.Tensor, chunk_rows: int | None) -> torch.Tensor:
+    """`fn` applied to chunks of the flattened leading dimensions, results joined in `logits.shape[:-1]`."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    flat_others = [o.reshape(-1) for o in others]
+    step = chunk_rows or vocab_chunk_rows(logits.shape[-1])
+    if flat.shape[0] <= step:
+        return fn(flat, *flat_others).reshape(logits.shape[:-1])
+    parts = [fn(flat[i : i + step], *(o[i : i + step] for o in flat_others)) for i in range(0, flat.shape[0], step)]
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+def _entropy_rows(logits: torch.Tensor) -> torch.Tensor:
     # H = logsumexp(z) - sum_i softmax(z)_i * z_i
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+    """Entropy of the categorical distribution given by ``logits`` over the last dimension.
+
+    Computed `chunk_rows` positions at a time (default: ~64 MiB of fp32 per temporary); each row is
+    independent, so the result equals the one-shot formula.
+    """
+    return _by_row_chunks(_entropy_rows, logits, chunk_rows=chunk_rows)
+
+
+def _fp32_logprob_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
     """Log-probability of each ``labels`` token under ``logits`` (shape ``labels.shape``).
 
-    fp32/fp64 use ``z_label - logsumexp(z)`` without materialising the softmax. Half precision is
-    upcast to fp32 a chunk of rows at a time (log-softmax in bf16 loses ~2 digits) and cast back.
+    fp32/fp64 use ``z_label - logsumexp(z)`` without materialising the softmax, a chunk of rows at a
+    time (`vocab_chunk_rows`: logsumexp's exp temporary stays ~64 MiB). Half precision is upcast to
+    fp32 a chunk of rows at a time (log-softmax in bf16 loses ~2 digits) and cast back.
     """
     if logits.dtype in (torch.float32, torch.float64):
-        picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
-        return picked - torch.logsumexp(logits, dim=-1)
+        return _by_row_chunks(_fp32_logprob_rows, logits, labels, chunk_rows=None)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
     chunks = [

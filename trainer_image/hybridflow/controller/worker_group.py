@@ -22,6 +22,7 @@ from hybridflow.controller.decorator import (
     dispatch,
     registered_methods,
 )
+from hybridflow.controller.oom import get_or_explain_oom
 from hybridflow.controller.resource_pool import RayResourcePool
 from hybridflow.controller.worker import apply_dist_env
 
@@ -56,16 +57,22 @@ def _with_dist_env(cls: type) -> type:
 class GroupFuture:
     """Pending results of a non-blocking group call; `get()` waits and collects them."""
 
-    def __init__(self, refs: list[Any], mode: Dispatch, context: dict[str, Any]) -> None:
+    def __init__(
+        self, refs: list[Any], mode: Dispatch, context: dict[str, Any], method: str = "", group: str = ""
+    ) -> None:
         self.refs = refs
         self._mode = mode
         self._context = context
+        self._method = method
+        self._group = group
 
     def get(self, timeout: float | None = None) -> Any:
-        """Wait for every rank and return the collected value."""
-        import ray
+        """Wait for every rank and return the collected value.
 
-        return collect(self._mode, ray.get(self.refs, timeout=timeout), self._context)
+        A rank killed for memory raises `WorkerOutOfMemoryError`, naming the settings to lower.
+        """
+        values = get_or_explain_oom(self.refs, self._method, self._group, timeout=timeout)
+        return collect(self._mode, values, self._context)
 
 
 class RayWorkerGroup:
@@ -142,20 +149,18 @@ class RayWorkerGroup:
         refs = [
             getattr(self.workers[r], name).remote(*planned.args[r], **planned.kwargs[r]) for r in ranks
         ]
-        future = GroupFuture(refs, spec.dispatch_mode, planned.context)
+        future = GroupFuture(refs, spec.dispatch_mode, planned.context, method=name, group=self.name_prefix)
         return future.get() if spec.blocking else future
 
     def execute_all(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call any actor method on every rank with the same arguments; return the per-rank results."""
-        import ray
-
-        return ray.get([getattr(w, method_name).remote(*args, **kwargs) for w in self.workers])
+        refs = [getattr(w, method_name).remote(*args, **kwargs) for w in self.workers]
+        return get_or_explain_oom(refs, method_name, self.name_prefix)
 
     def execute_rank_zero(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         """Call any actor method on rank 0 only and return its result."""
-        import ray
-
-        return ray.get(getattr(self.workers[0], method_name).remote(*args, **kwargs))
+        ref = getattr(self.workers[0], method_name).remote(*args, **kwargs)
+        return get_or_explain_oom(ref, method_name, self.name_prefix)
 
     def shutdown(self) -> None:
         """Kill the group's actors (the resource pool stays for reuse)."""

