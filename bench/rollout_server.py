@@ -210,8 +210,8 @@ def run_bare_asyncllm(model_dir: Path, prompts: Any, args: argparse.Namespace) -
         return best_time(lambda: loop.run_until_complete(all_requests()), args.repeats)
     finally:
         engine.shutdown()
-        # let the engine's cancelled output task finish, so nothing holds the engine until exit (its __del__
-        # would then run on torn-down modules and print a TypeError)
+        # let the engine's cancelled output task finish; vLLM 0.32's AsyncLLM.__del__ may still print a
+        # harmless "TypeError: 'NoneType' object is not callable" at interpreter exit
         loop.run_until_complete(asyncio.sleep(0.1))
         loop.close()
         gc.collect()
