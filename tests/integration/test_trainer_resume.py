@@ -130,6 +130,8 @@ def test_kill9_sigterm_and_resume_on_another_world_size(tmp_path: Path, ray_addr
     args = fast_args(
         base,
         f"custom_reward_function.path={reward_file}",
+        # score in the driver (no worker pool): the log's pid then names the run, and its lines keep their order
+        "reward_model.score_timeout_s=null",
         f"trainer.total_training_steps={total}",
         "trainer.save_freq=3",
     )
