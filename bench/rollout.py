@@ -46,8 +46,9 @@ def smollm2_dir(out: Path) -> Path:
     return convert_gguf(find_smollm2_gguf(), out)
 
 
-def build_prompts(model_dir: Path, n: int) -> Any:
-    """`n` chat prompts as a left-padded DataProto (the rollout interface's input)."""
+def build_prompts(model_dir: Path, n: int, system: str | None = None) -> Any:
+    """`n` chat prompts as a left-padded DataProto (the rollout interface's input), after a `system` message
+    when one is given."""
     import numpy as np
     from transformers import AutoTokenizer
 
@@ -56,7 +57,8 @@ def build_prompts(model_dir: Path, n: int) -> Any:
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     tok.padding_side = "left"
     texts = [
-        tok.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], tokenize=False,
+        tok.apply_chat_template([*([{"role": "system", "content": system}] if system else []),
+                                 {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}], tokenize=False,
                                 add_generation_prompt=True)
         for i in range(n)
     ]

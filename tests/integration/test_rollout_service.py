@@ -64,17 +64,10 @@ def _perturbed_state_dict(model_dir: Path) -> dict[str, Any]:
 
 
 def _prompts(tokenizer: Any, n: int, repeat: int, greedy: bool) -> Any:
-    from hybridflow.data.dataset import collate_fn, left_pad
-    from hybridflow.data.toy import build_rows
+    """The agent-rollout test's toy prompts, each repeated `repeat` times, greedy or sampled."""
+    from tests.integration.test_agent_rollout import _prompts as toy_prompts
 
-    items = []
-    for row in build_rows("arithmetic", n, split="test"):
-        text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        input_ids, mask, pos = left_pad(ids, 32, tokenizer.pad_token_id)
-        items.append({"input_ids": input_ids, "attention_mask": mask, "position_ids": pos, "raw_prompt_ids": ids,
-                      "data_source": row["data_source"]})
-    batch = collate_fn(items).repeat(repeat, interleave=True)
+    batch = toy_prompts(tokenizer, n).repeat(repeat, interleave=True)
     batch.meta_info = {"do_sample": not greedy, "temperature": 1.0}
     return batch
 
