@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints, Va
 from pydantic.alias_generators import to_camel
 
 from hybridflow._config.values import Location, refuse_bool_as_number
+from hybridflow.recipes import RecipeName
 
 GROUP = "rl.hybridflow.dev"
 VERSION = "v1alpha1"
@@ -206,6 +207,23 @@ class CheckpointSpec(_Model):
     )
 
 
+class ExportSpec(_Model):
+    """Export the final checkpoint as a Hugging Face model folder when the job succeeds."""
+
+    enabled: bool = Field(
+        default=True,
+        description="After the last training step the trainer exports the final checkpoint's actor to "
+        "<spec.checkpoint.uri>/export/global_step_<N>: config, safetensors shards, tokenizer and generation config "
+        "(with LoRA the merged model, plus the peft adapter in lora_adapter/), loadable by transformers and vLLM; "
+        "status.export says where. Needs spec.config.trainer.save_freq > 0 (the last step is saved then).",
+    )
+    max_shard_size: str = Field(
+        default="5GB",
+        pattern=r"^\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$",
+        description="Largest safetensors file of the export, e.g. 5GB or 500MB.",
+    )
+
+
 class RunPolicy(_Model):
     """Retries, deadlines and clean-up."""
 
@@ -255,17 +273,26 @@ class SchedulingSpec(_Model):
 class RLJobSpec(_Model):
     """Desired state of an RLJob: the trainer config plus how to run it on the cluster.
 
-    `config` stays a plain mapping here and in the CRD: it is validated with
-    `hybridflow.config.parse_config` (see validation.py), which resolves `${...}` references and accepts
+    `config` stays a plain mapping here and in the CRD: it is validated with the parser of `recipe`'s
+    trainer (`hybridflow.recipes`, see validation.py), which resolves `${...}` references and accepts
     verl's shorthands that a typed schema would reject; a typed CRD would also silently prune typos.
     """
 
     config: dict[str, Any] = Field(
         description="The HybridFlow trainer config in verl's nested shape (algorithm, data, actor_rollout_ref, "
-        "critic, reward_model, custom_reward_function, trainer). The cluster is sized from trainer.nnodes "
+        "critic, reward_model, custom_reward_function, trainer; with spec.recipe sft or dpo: data, model, optim, "
+        "trainer and dpo). The cluster is sized from trainer.nnodes "
         "and trainer.n_gpus_per_node. Checked by the operator (condition Validated) and `rljob validate` "
         "with the trainer's own models; the schema leaves it open because verl's ${...} references and "
         "single-string lists are valid here and typos should be reported, not pruned.",
+    )
+    recipe: RecipeName = Field(
+        default="ppo",
+        description="Which trainer runs spec.config: ppo (RL: PPO, GRPO, DAPO, online DPO, ...; "
+        "hybridflow.trainer.main_ppo, config in verl's ppo_trainer shape), sft (supervised fine-tuning; "
+        "hybridflow.trainer.fsdp_sft_trainer, verl's sft_trainer keys: data, model, optim, trainer) or dpo (offline "
+        "DPO/IPO from preference pairs; hybridflow.trainer.fsdp_dpo_trainer, the sft keys plus dpo.beta and "
+        "dpo.loss_type). spec.config is validated with that trainer's own models.",
     )
     image: str | None = Field(
         default=None,
@@ -294,6 +321,12 @@ class RLJobSpec(_Model):
     )
     checkpoint: CheckpointSpec = Field(
         default_factory=CheckpointSpec, description="Checkpoint storage and retention."
+    )
+    export: ExportSpec | None = Field(
+        default=None,
+        description="Export the final checkpoint as a Hugging Face model folder under the checkpoint location when "
+        "the job succeeds (the RL trainer, spec.recipe ppo). Unset: no export (`python -m hybridflow.model_merger "
+        "merge` exports any checkpoint later).",
     )
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines and clean-up.")
     suspend: bool = Field(
@@ -371,6 +404,13 @@ class Metrics(_Model):
     throughput_tokens_per_second: float | None = Field(
         default=None, description="Training throughput of the latest step, tokens per second."
     )
+    policy_version: int | None = Field(
+        default=None, description="Asynchronous training: actor updates in the weights being trained."
+    )
+    staleness_max: float | None = Field(
+        default=None, description="Asynchronous training: policy versions the oldest sample of the latest step "
+        "was behind the trainer.",
+    )
 
 
 class CheckpointStatus(_Model):
@@ -379,6 +419,17 @@ class CheckpointStatus(_Model):
     step: int | None = Field(default=None, description="Training step of the checkpoint.")
     uri: str | None = Field(default=None, description="Where the checkpoint is stored.")
     time: str | None = Field(default=None, description="RFC 3339 time the checkpoint was committed.")
+
+
+class ExportStatus(_Model):
+    """The Hugging Face folder exported from the final checkpoint (spec.export)."""
+
+    step: int | None = Field(default=None, description="Training step of the exported checkpoint.")
+    uri: str | None = Field(default=None, description="Where the folder is: from_pretrained / vLLM load it.")
+    time: str | None = Field(default=None, description="RFC 3339 time the export finished.")
+    lora: bool | None = Field(
+        default=None, description="True: a LoRA run; the folder holds the merged model and the adapter in lora_adapter/."
+    )
 
 
 class RLJobStatus(_Model):
@@ -409,6 +460,9 @@ class RLJobStatus(_Model):
     progress: Progress | None = Field(default=None, description="Training progress.")
     metrics: Metrics | None = Field(default=None, description="Latest training metrics.")
     checkpoint: CheckpointStatus | None = Field(default=None, description="The latest committed checkpoint.")
+    export: ExportStatus | None = Field(
+        default=None, description="The Hugging Face folder exported when the job succeeded (spec.export)."
+    )
 
 
 class ObjectMeta(BaseModel):

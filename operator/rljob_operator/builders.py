@@ -12,14 +12,15 @@ from typing import Any
 
 import yaml
 
-from hybridflow.config import HybridFlowConfig, parse_config
+from hybridflow.recipes import TrainerConfigTree, get_recipe
 from rljob_operator import api, names, scheduling
 
 RAY_API_VERSION = "ray.io/v1"
 #: Ray version inside the trainer image (KubeRay uses it to pick compatible behaviour).
 RAY_VERSION = "2.60.0"
 METRICS_PORT = 8000
-TRAINER_MODULE = "hybridflow.trainer.main_ppo"
+#: The RL trainer's module; spec.recipe picks another (hybridflow.recipes: sft, dpo).
+TRAINER_MODULE = get_recipe("ppo").module
 _SHM_VOLUME = "dshm"
 _CONFIG_VOLUME = "hybridflow-config"
 
@@ -48,17 +49,21 @@ def operator_trainer_values(rljob: api.RLJob) -> dict[str, Any]:
     if rljob.spec.checkpoint.uri:
         values["default_local_dir"] = rljob.spec.checkpoint.uri
     if rljob.spec.checkpoint.keep is not None:
-        values["max_actor_ckpt_to_keep"] = rljob.spec.checkpoint.keep
-        values["max_critic_ckpt_to_keep"] = rljob.spec.checkpoint.keep
+        for key in get_recipe(rljob.spec.recipe).keep_keys:  # RL: actor and critic; SFT/DPO: max_ckpt_to_keep
+            values[key] = rljob.spec.checkpoint.keep
+    if rljob.spec.export is not None and rljob.spec.export.enabled and rljob.spec.recipe == "ppo":
+        # the folder goes under the checkpoint location (trainer.export.dir unset), where status.export points
+        values["export"] = {"enable": True, "max_shard_size": rljob.spec.export.max_shard_size}
     return values
 
 
-def trainer_config(rljob: api.RLJob) -> HybridFlowConfig:
-    """The validated trainer config of an RLJob (operator overrides applied); raises ConfigError."""
-    return parse_config(merged_config(rljob))
+def trainer_config(rljob: api.RLJob) -> TrainerConfigTree:
+    """The validated trainer config of an RLJob (operator overrides applied), parsed by its recipe's models;
+    raises ConfigError."""
+    return get_recipe(rljob.spec.recipe).parse(merged_config(rljob))
 
 
-def cluster_shape(config: HybridFlowConfig) -> tuple[int, int]:
+def cluster_shape(config: TrainerConfigTree) -> tuple[int, int]:
     """(worker pods, GPUs per worker pod) of a trainer config; GPUs are 0 when trainer.device is cpu.
 
     Split placement gives the rollout its own pool of the training pool's shape
@@ -70,8 +75,8 @@ def cluster_shape(config: HybridFlowConfig) -> tuple[int, int]:
 
 
 def entrypoint(rljob: api.RLJob) -> str:
-    """The RayJob entrypoint: the trainer's CLI on the mounted config, resuming from checkpoints."""
-    argv = ["python", "-m", TRAINER_MODULE, names.CONFIG_PATH]
+    """The RayJob entrypoint: the recipe's trainer CLI on the mounted config, resuming from checkpoints."""
+    argv = ["python", "-m", get_recipe(rljob.spec.recipe).module, names.CONFIG_PATH]
     if rljob.spec.checkpoint.uri:
         argv.append(f"trainer.default_local_dir={rljob.spec.checkpoint.uri}")
     argv.append("trainer.resume_mode=auto")

@@ -173,6 +173,10 @@ def printer_columns() -> list[dict[str, Any]]:
         {"name": "Reward", "type": "number", "jsonPath": ".status.metrics.rewardMean",
          "description": "Mean reward of the latest step."},
         {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "description": "Attempt number."},
+        {"name": "Version", "type": "integer", "jsonPath": ".status.metrics.policyVersion", "priority": 1,
+         "description": "Asynchronous training: the policy version being trained."},
+        {"name": "Staleness", "type": "number", "jsonPath": ".status.metrics.stalenessMax", "priority": 1,
+         "description": "Asynchronous training: versions the oldest sample of the latest step was behind."},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]  # fmt: skip
 

@@ -30,9 +30,10 @@ from types import FrameType
 from typing import Any
 
 from hybridflow import yamlio
-from hybridflow.config import ConfigError, HybridFlowConfig, apply_overrides, parse_config
+from hybridflow.config import ConfigError, apply_overrides
+from hybridflow.recipes import RECIPES, TrainerConfigTree, get_recipe
 from rljob_operator import api, names
-from rljob_operator.builders import TRAINER_MODULE, build_configmap, build_rayjob
+from rljob_operator.builders import build_configmap, build_rayjob
 from rljob_operator.validation import check_rljob
 
 #: Stands in for metadata.uid: the builders need one for ownerReferences, which a local run never uses.
@@ -54,7 +55,7 @@ class LocalRun:
     env: dict[str, str]
     config_text: str
     config_path: Path
-    config: HybridFlowConfig
+    config: TrainerConfigTree
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -73,10 +74,12 @@ def localize_entrypoint(entrypoint: str, config_path: Path, python: str) -> list
     changed): better to stop than to run something other than what the cluster would.
     """
     argv = shlex.split(entrypoint)
-    if argv[:4] != ["python", "-m", TRAINER_MODULE, names.CONFIG_PATH] or any("=" not in a for a in argv[4:]):
+    modules = sorted(recipe.module for recipe in RECIPES.values())
+    shaped = len(argv) >= 4 and argv[:2] == ["python", "-m"] and argv[2] in modules and argv[3] == names.CONFIG_PATH
+    if not shaped or any("=" not in a for a in argv[4:]):
         raise RuntimeError(
-            f"the RayJob entrypoint {entrypoint!r} is not `python -m {TRAINER_MODULE} {names.CONFIG_PATH} key=value...`; "
-            "rljob run cannot map it to a local command: update rljob_operator.localrun with the builder"
+            f"the RayJob entrypoint {entrypoint!r} is not `python -m <{' | '.join(modules)}> {names.CONFIG_PATH} "
+            "key=value...`; rljob run cannot map it to a local command: update rljob_operator.localrun with the builder"
         )
     return [python, *argv[1:3], str(config_path), *argv[4:]]
 
@@ -155,15 +158,16 @@ def build_local_run(
     rayjob = build_rayjob(rljob, LOCAL_ATTEMPT)
     config_path = workdir / names.CONFIG_KEY
     argv = [*localize_entrypoint(rayjob["spec"]["entrypoint"], config_path, python), *overrides]
-    # What main_ppo does with this argv: load_config(config file, every key=value after it), then the
-    # run checks. (Its parse_argv is not imported: the operator package depends on hybridflow.config only.)
-    config = parse_config(apply_overrides(yamlio.load_mapping(config_text, names.CONFIG_KEY), argv[4:]))
+    # What the recipe's trainer does with this argv: load its config (config file, every key=value after it),
+    # then the run checks. (Its parser is not imported: the operator package depends on the config models only.)
+    parse = get_recipe(rljob.spec.recipe).parse
+    config = parse(apply_overrides(yamlio.load_mapping(config_text, names.CONFIG_KEY), argv[4:]))
     config.validate_for_run()
     env, notes = _local_env(_head_container(rayjob), rljob, environ)
     return LocalRun(rljob.metadata.name, argv, env, config_text, config_path, config, notes)
 
 
-def device_problem(config: HybridFlowConfig, gpus: int) -> str | None:
+def device_problem(config: TrainerConfigTree, gpus: int) -> str | None:
     """Why this config cannot run on a machine with `gpus` CUDA GPUs, with the overrides that fix it."""
     trainer = config.trainer
     if trainer.device != "cuda":

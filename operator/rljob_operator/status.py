@@ -162,7 +162,7 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
     else:
         phase = {"running": "Running", "starting": "Starting", "pending": "Starting",
                  "failed": "Retrying"}[outcome]
-    status: Obj = {k: v for k, v in old.items() if k in ("progress", "metrics", "checkpoint", "startTime")}
+    status: Obj = {k: v for k, v in old.items() if k in ("progress", "metrics", "checkpoint", "export", "startTime")}
     status["observedGeneration"] = meta.get("generation")
     status["phase"] = phase
     status["conditions"] = merge_conditions(old.get("conditions") or [],

@@ -32,6 +32,8 @@ _GAUGES = {
     "hybridflow_reward_mean": "reward_mean",
     "hybridflow_kl": "kl",
     "hybridflow_throughput_tokens_per_second": "throughput",
+    "hybridflow_policy_version": "policy_version",
+    "hybridflow_staleness_max": "staleness_max",
     "hybridflow_checkpoint_step": "checkpoint_step",
     "hybridflow_checkpoint_timestamp_seconds": "checkpoint_timestamp",
 }
@@ -47,10 +49,13 @@ class TrainerReport:
     reward_mean: float | None = None
     kl: float | None = None
     throughput: float | None = None
+    policy_version: int | None = None  # asynchronous training only
+    staleness_max: float | None = None
     checkpoint_step: int | None = None
     checkpoint_uri: str | None = None
     checkpoint_time: str | None = None
     checkpoint_timestamp: float | None = None
+    export: dict[str, Any] | None = None  # progress.json only: the finished run's Hugging Face export
 
 
 def trainer_metrics_url(rayjob: dict[str, Any] | None, port: int = METRICS_PORT,
@@ -82,7 +87,7 @@ def parse_trainer_metrics(text: str) -> TrainerReport | None:
         return None
     report = TrainerReport()
     for field, value in values.items():
-        is_int = field in ("step", "total_steps", "checkpoint_step")
+        is_int = field in ("step", "total_steps", "checkpoint_step", "policy_version")
         setattr(report, field, int(value) if is_int else value)
     if report.checkpoint_timestamp is not None:
         report.checkpoint_time = _rfc3339(report.checkpoint_timestamp)
@@ -104,9 +109,24 @@ def parse_progress_record(raw: bytes | str) -> TrainerReport | None:
         step_seconds=data.get("avg_step_seconds") or metrics.get("step_seconds"),
         reward_mean=metrics.get("reward_mean"), kl=metrics.get("kl"),
         throughput=metrics.get("throughput_tokens_per_second"),
+        policy_version=_int_or_none(metrics.get("policy_version")), staleness_max=metrics.get("staleness_max"),
         checkpoint_step=checkpoint.get("step"), checkpoint_uri=checkpoint.get("uri"),
-        checkpoint_time=checkpoint.get("time"),
+        checkpoint_time=checkpoint.get("time"), export=_export_record(data.get("export")),
     )
+
+
+def _export_record(raw: Any) -> dict[str, Any] | None:
+    """progress.json's `export` ({step, uri, time, lora}) as the status.export fragment; None when absent or odd."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("uri"), str):
+        return None
+    kept = {"step": raw.get("step") if isinstance(raw.get("step"), int) else None, "uri": raw["uri"],
+            "time": raw.get("time") if isinstance(raw.get("time"), str) else None,
+            "lora": raw.get("lora") if isinstance(raw.get("lora"), bool) else None}
+    return {k: v for k, v in kept.items() if v is not None}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
 def compute_eta_seconds(step: int | None, total: int | None, step_seconds: float | None) -> int | None:
@@ -126,7 +146,8 @@ def build_progress_status(report: TrainerReport, checkpoint_root: str | None = N
     if report.step is not None and report.total_steps:
         progress["percent"] = round(100.0 * report.step / report.total_steps, 1)
     progress["etaSeconds"] = compute_eta_seconds(report.step, report.total_steps, report.step_seconds)
-    metrics = {"rewardMean": report.reward_mean, "kl": report.kl, "throughputTokensPerSecond": report.throughput}
+    metrics = {"rewardMean": report.reward_mean, "kl": report.kl, "throughputTokensPerSecond": report.throughput,
+               "policyVersion": report.policy_version, "stalenessMax": report.staleness_max}
     uri = report.checkpoint_uri
     if uri is None and report.checkpoint_step is not None and checkpoint_root:
         uri = f"{checkpoint_root.rstrip('/')}/global_step_{report.checkpoint_step}"
@@ -136,6 +157,8 @@ def build_progress_status(report: TrainerReport, checkpoint_root: str | None = N
         kept = {k: _finite(v) for k, v in section.items() if _finite(v) is not None}
         if kept and (key != "checkpoint" or kept.get("step") is not None):
             fragment[key] = kept
+    if report.export:
+        fragment["export"] = dict(report.export)
     return fragment
 
 

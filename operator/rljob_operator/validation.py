@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from hybridflow._config.errors import describe_error, dotted, shorten
 from hybridflow._config.values import location_scheme
-from hybridflow.config import ConfigError, HybridFlowConfig, parse_config
+from hybridflow.config import ConfigError
+from hybridflow.recipes import RECIPE_NAMES, TrainerConfigTree, get_recipe
 from rljob_operator import api, names, scheduling
 from rljob_operator.builders import METRICS_PORT, merged_config, operator_trainer_values
 
@@ -92,11 +93,14 @@ def check_rljob(obj: Any) -> ValidationReport:
         report.errors.extend(_describe_all(err.errors()))
         spec = obj.get("spec")
         if isinstance(spec, dict) and isinstance(spec.get("config"), dict):
-            _check_config(spec["config"], report)  # still report config problems in the same pass
+            recipe = spec.get("recipe", "ppo")
+            if recipe in RECIPE_NAMES:  # still report config problems in the same pass
+                _check_config(spec["config"], report, recipe)
         return report
     _check_metadata(rljob, report)
     report.errors.extend(_operator_key_problems(rljob))
-    config = _check_config(merged_config(rljob), report)
+    report.errors.extend(_export_problems(rljob))
+    config = _check_config(merged_config(rljob), report, rljob.spec.recipe)
     _check_resources(rljob, config, report)
     _check_pod(rljob, report)
     _check_checkpoint(rljob, config, report)
@@ -136,9 +140,22 @@ _OPERATOR_KEY_FIXES = {
     "default_local_dir": " from spec.checkpoint.uri, which replaces it; remove it and keep spec.checkpoint.uri",
     "max_actor_ckpt_to_keep": " from spec.checkpoint.keep, which replaces it; remove it and keep spec.checkpoint.keep",
     "max_critic_ckpt_to_keep": " from spec.checkpoint.keep, which replaces it; remove it and keep spec.checkpoint.keep",
+    "max_ckpt_to_keep": " from spec.checkpoint.keep, which replaces it; remove it and keep spec.checkpoint.keep",
     "metrics_port": f" through $HYBRIDFLOW_METRICS_PORT (port {METRICS_PORT}, which the pods expose), which the "
     "trainer prefers; remove it",
+    "export": " from spec.export, which replaces it; remove it and keep spec.export",
 }
+
+
+def _export_problems(rljob: api.RLJob) -> list[str]:
+    """spec.export asks the RL trainer (recipe ppo) to export its final actor checkpoint."""
+    if rljob.spec.export is None or not rljob.spec.export.enabled or rljob.spec.recipe == "ppo":
+        return []
+    return [
+        f"spec.export: exporting at the end of the run is built for the RL trainer (spec.recipe ppo), not for "
+        f"spec.recipe {rljob.spec.recipe}; remove spec.export and export a checkpoint with `python -m "
+        "hybridflow.model_merger merge --backend fsdp --local_dir <step folder> --target_dir <dir>`"
+    ]
 
 
 def _operator_key_problems(rljob: api.RLJob) -> list[str]:
@@ -154,13 +171,19 @@ def _operator_key_problems(rljob: api.RLJob) -> list[str]:
     ]
 
 
-def _check_config(config: dict[str, Any], report: ValidationReport) -> HybridFlowConfig | None:
-    """The trainer's own rules (hybridflow.config, run checks included), with paths under spec.config."""
+def _check_config(config: dict[str, Any], report: ValidationReport, recipe: str) -> TrainerConfigTree | None:
+    """The recipe's trainer's own rules (hybridflow.config for ppo, run checks included), with paths under spec.config."""
     try:
-        parsed = parse_config(config)
+        parsed = get_recipe(recipe).parse(config)
         parsed.validate_for_run()
     except ConfigError as err:
         report.errors.extend(_yaml11_hint(f"spec.config.{p}") for p in err.problems)
+        offline_groups = sorted({"model", "optim", "dpo"} & set(config))
+        if recipe == "ppo" and offline_groups:
+            report.errors.append(
+                f"spec.recipe: is ppo (the default, the RL trainer) but spec.config has {', '.join(offline_groups)}, "
+                "groups of the offline trainers; set spec.recipe: sft (or dpo for preference pairs)"
+            )
         return None
     return parsed
 
@@ -206,7 +229,7 @@ def _quantity(path: str, value: int | str, report: ValidationReport) -> Decimal 
     return amount
 
 
-def _check_resources(rljob: api.RLJob, config: HybridFlowConfig | None, report: ValidationReport) -> None:
+def _check_resources(rljob: api.RLJob, config: TrainerConfigTree | None, report: ValidationReport) -> None:
     res = rljob.spec.resources
     if not _RESOURCE_NAME.fullmatch(res.gpu_resource_name):
         report.errors.append(
@@ -332,7 +355,7 @@ def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
     return problems
 
 
-def _check_checkpoint(rljob: api.RLJob, config: HybridFlowConfig | None, report: ValidationReport) -> None:
+def _check_checkpoint(rljob: api.RLJob, config: TrainerConfigTree | None, report: ValidationReport) -> None:
     """Where checkpoints go suits a cluster (its form is checked by the models: api.Location)."""
     # Without a valid config only an explicit spec.checkpoint.uri can be checked.
     uri = (config.trainer.default_local_dir if config else rljob.spec.checkpoint.uri) or ""

@@ -178,6 +178,35 @@ def test_progress_record_on_s3_when_the_trainer_is_unreachable(cluster: tuple[Ku
     assert st["checkpoint"] == {"step": 5, "uri": f"{root}/global_step_5", "time": "2026-11-30T12:00:00Z"}
 
 
+def test_a_succeeded_job_reports_its_export(cluster: tuple[KubeEmulator, Operator], moto: MotoServer,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """spec.export: the trainer is told to export (its config), and the location it records shows in status."""
+    from hybridflow.progress import record_export
+
+    kube, _ = cluster
+    bucket = f"ckpt-{uuid.uuid4().hex[:8]}"
+    make_bucket(moto.url, bucket)
+    root = f"s3://{bucket}/runs/exp"
+    for key, value in s3_env(moto.url).items():
+        monkeypatch.setenv(key, value)
+    kube.create(RLJ, "rljobs", manifest("exp", checkpoint={"uri": root}, export={"maxShardSize": "2GB"}), "default")
+    wait_for(lambda: kube.find(RAY, "rayjobs", "exp-a1"), "RayJob exp-a1")
+    config = yaml.safe_load(kube.get("v1", "configmaps", "exp-config")["data"]["config.yaml"])
+    assert config["trainer"]["export"]["enable"] is True and config["trainer"]["export"]["max_shard_size"] == "2GB"
+    running(kube, "exp-a1", "exp-a1-raycluster-gone")  # the trainer's endpoint is unreachable: progress.json it is
+    # what the trainer writes at the end of a run (hybridflow.model_merger.export_final_checkpoint)
+    write_progress(root, Progress(step=80, total_steps=80, attempt=1,
+                                  checkpoint=CheckpointInfo(80, f"{root}/global_step_80", "2026-12-01T12:00:00Z")))
+    wait_for(lambda: status(kube, "exp").get("progress", {}).get("step") == 80, "status.progress.step 80 from S3")
+    record_export(root, 80, f"{root}/export/global_step_80")  # after the last step, before the driver exits
+    kube.patch_status(RAY, "rayjobs", "exp-a1", {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"})
+    wait_for(lambda: status(kube, "exp").get("export"), "status.export")
+    st = status(kube, "exp")
+    assert st["phase"] == "Succeeded"
+    assert (st["export"]["step"], st["export"]["uri"], st["export"]["lora"]) == (80, f"{root}/export/global_step_80",
+                                                                                 False)
+
+
 def test_a_stalled_attempt_restarts_until_backoff_limit(cluster: tuple[KubeEmulator, Operator],
                                                         trainers: FakeTrainers) -> None:
     kube, operator = cluster

@@ -22,29 +22,18 @@ from hybridflow import checkpoint as ck
 from hybridflow.data import StatefulDataLoader
 from hybridflow.demo import EXAMPLE, prepare
 from hybridflow.trainer import main_ppo
-from tests.support.ray_local import local_ray
+from tests.support.demo_run import RECORDING_REWARD
+from tests.support.ray_local import local_ray_address
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 BATCH, N = 16, 2
-RECORDING_REWARD = """
-import os
-from hybridflow.rewards import default_compute_score
-
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    with open(os.environ["SAMPLE_LOG"], "a") as log:
-        log.write(f"{os.getpid()} {extra_info['index']}\\n")
-    return default_compute_score(data_source, solution_str, ground_truth, extra_info)
-"""
 
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    import ray
-
-    with local_ray(2):
-        yield ray.get_runtime_context().gcs_address
+    with local_ray_address(2) as address:
+        yield address
 
 
 def fast_args(base: dict[str, str], *extra: str) -> list[str]:

@@ -31,3 +31,18 @@ def run_demo(tmp_path: Path, *overrides: str, example: Path = EXAMPLE) -> list[d
 def mean(values: list[float]) -> float:
     """The arithmetic mean of a non-empty list."""
     return sum(values) / len(values)
+
+
+#: A custom reward function (verl's signature) that appends "<driver pid> <prompt index>" to $SAMPLE_LOG for every
+#: training sample it scores, so resume tests can check which prompts a run trained, in which order.
+RECORDING_REWARD = """
+import os
+from hybridflow.rewards import default_compute_score
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    if extra_info.get("split", "train") == "train":  # validation prompts are scored too
+        with open(os.environ["SAMPLE_LOG"], "a") as log:
+            log.write(f"{os.getpid()} {extra_info['index']}\\n")
+    return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+"""

@@ -19,3 +19,12 @@ def local_ray(num_cpus: int) -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@contextmanager
+def local_ray_address(num_cpus: int) -> Iterator[str]:
+    """`local_ray`, yielding the session's address for drivers started as subprocesses (RAY_ADDRESS)."""
+    import ray
+
+    with local_ray(num_cpus):
+        yield ray.get_runtime_context().gcs_address

@@ -67,6 +67,8 @@ def test_crd_identity_subresources_and_columns() -> None:
         "Total": ".status.progress.totalSteps",
         "Reward": ".status.metrics.rewardMean",
         "Attempt": ".status.attempt",
+        "Version": ".status.metrics.policyVersion",  # -o wide (priority 1): asynchronous training
+        "Staleness": ".status.metrics.stalenessMax",
         "Age": ".metadata.creationTimestamp",
     }
 

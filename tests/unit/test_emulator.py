@@ -224,7 +224,8 @@ def test_table_output_from_printer_columns(kube: KubeEmulator) -> None:
         table = json.loads(resp.read())
     assert table["kind"] == "Table"
     assert [c["name"] for c in table["columnDefinitions"]] == ["Name", "Phase", "Step", "Total", "Reward",
-                                                              "Attempt", "Age"]
+                                                              "Attempt", "Version", "Staleness", "Age"]
+    assert [c["priority"] for c in table["columnDefinitions"]] == [0, 0, 0, 0, 0, 0, 1, 1, 0]  # -o wide only
     (row,) = table["rows"]
-    assert row["cells"][:6] == ["t", "Running", 7, None, None, 2] and row["cells"][6].endswith("s")
+    assert row["cells"][:8] == ["t", "Running", 7, None, None, 2, None, None] and row["cells"][8].endswith("s")
     assert call(kube, "GET", RLJOBS)[1]["kind"] == "RLJobList"  # plain JSON without the Accept header

@@ -25,6 +25,7 @@ from hybridflow.tracking import Tracking
           "response_length/mean": 17.0},
          {"throughput_tokens_per_second": 1200.0, "step_seconds": 2.5, "entropy": 1.1, "response_length_mean": 17.0}),
         ({"actor/pg_loss": 1.0}, {}),
+        ({"train/loss": 0.4, "timing_s/step": 0.2}, {"loss": 0.4, "step_seconds": 0.2}),  # the SFT and DPO trainers
     ],
 )
 def test_summarize_metrics(data: dict, expected: dict) -> None:

@@ -34,10 +34,17 @@ BROKEN_IN_VERL = {
     # Relies on verl's placeholder defaults (~/models/deepseek-llm-7b-chat, ~/data/rlhf/gsm8k); HybridFlow
     # requires model.path and data.train_files to be set.
     "docs/advance/grafana_prometheus.md#block0": "actor_rollout_ref.model.path: required to run",
+    # GRPO with rollout.n=1: every group holds one response, so every advantage is 0; verl runs it and learns
+    # nothing, HybridFlow refuses it (it was refused for its LoRA keys before LoRA was built).
+    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": "grpo compares several responses per prompt",
+    # rollout.n stays verl's default 1 on 8 GPUs: 32 x 1 / 8 = 4 responses per rank per mini-batch, fewer than the
+    # micro-batch of 8, which verl asserts too (they were refused for algorithm.rollout_correction before it landed).
+    "examples/rollout_correction/run_with_rollout_corr.sh": "ppo_micro_batch_size_per_gpu: 8 does not divide the 4",
+    "examples/rollout_correction/run_with_rollout_corr_multi_rs.sh": "ppo_micro_batch_size_per_gpu: 8 does not divide the 4",
 }
 
 #: Accepted lines now; raise it when a feature lands, so that a regression fails.
-ACCEPTED_FLOOR = 37
+ACCEPTED_FLOOR = 42
 
 
 def _corpus() -> list[dict[str, Any]]:

@@ -241,6 +241,30 @@ def save_trainer_state(step_uri: str, state: TrainerState) -> None:
     storage.write_bytes(_uri(step_uri, TRAINER_STATE_FILE), json.dumps(state.__dict__).encode())
 
 
+ROLLOUT_QUEUE_FILE = "rollout_queue.pt"
+
+
+def save_rollout_queue(step_uri: str, batches: list[Any]) -> None:
+    """Asynchronous training: the finished groups generated but not yet trained, so a resume trains them
+    (with the versions that generated them) instead of generating their prompts again."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(list(batches), buffer)
+    storage.write_bytes(_uri(step_uri, ROLLOUT_QUEUE_FILE), buffer.getvalue())
+
+
+def load_rollout_queue(step_uri: str) -> list[Any]:
+    """The groups `save_rollout_queue` wrote (an empty list for a step written without them)."""
+    import io
+
+    try:
+        raw = storage.read_bytes(_uri(step_uri, ROLLOUT_QUEUE_FILE))
+    except FileNotFoundError:
+        return []
+    return list(torch.load(io.BytesIO(raw), weights_only=False))
+
+
 def load_trainer_state(step_uri: str) -> TrainerState:
     """Read the trainer state of a step folder."""
     try:

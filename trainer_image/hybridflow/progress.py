@@ -6,7 +6,10 @@ every step::
     {"step": 12, "total_steps": 100, "attempt": 2, "updated": "2026-11-30T12:00:00Z",
      "avg_step_seconds": 4.1, "metrics": {"reward_mean": 0.61, "kl": 0.002, ...},
      "checkpoint": {"step": 10, "uri": "s3://b/run/global_step_10", "time": "2026-11-30T11:59:50Z"},
-     "wandb_run_id": "abc123"}
+     "wandb_run_id": "abc123",
+     "export": {"step": 100, "uri": "s3://b/run/export/global_step_100", "time": "...", "lora": false}}
+
+`export` appears once a finished run exported its final checkpoint (`trainer.export.enable`).
 
 The operator falls back to it when the trainer's metrics endpoint cannot be reached, and a restarted
 attempt finds the W&B run id here even before its first checkpoint (issue 6).
@@ -32,14 +35,20 @@ PROGRESS_FILE = "progress.json"
 ATTEMPT_ENV = "HYBRIDFLOW_ATTEMPT"
 
 # Summary name -> verl metric keys, first present wins. KL prefers the divergence from the reference
-# policy (KL loss, KL-in-reward, or online DPO's estimate) and falls back to the PPO old/new-policy KL.
+# policy (KL loss, KL-in-reward, or online DPO's estimate), then on-policy distillation's from the teacher,
+# and falls back to the PPO old/new-policy KL.
 SUMMARY_KEYS: dict[str, tuple[str, ...]] = {
     "reward_mean": ("critic/score/mean", "critic/rewards/mean"),
-    "kl": ("actor/kl_loss", "critic/kl", "dpo/kl", "actor/ppo_kl"),
+    "kl": ("actor/kl_loss", "critic/kl", "dpo/kl", "actor/distillation/loss", "actor/ppo_kl"),
     "entropy": ("actor/entropy",),
     "response_length_mean": ("response_length/mean",),
     "throughput_tokens_per_second": ("perf/throughput",),
     "step_seconds": ("timing_s/step",),
+    "loss": ("train/loss",),  # the offline trainers (SFT, DPO): their objective on the last batch
+    # asynchronous training: the trainer's policy version and how many versions old its samples were
+    "policy_version": ("fully_async/policy_version",),
+    "staleness_mean": ("fully_async/trajectory_staleness/mean",),
+    "staleness_max": ("fully_async/trajectory_staleness/max",),
 }
 
 
@@ -70,6 +79,16 @@ class CheckpointInfo:
 
 
 @dataclass
+class ExportInfo:
+    """The Hugging Face folder exported from the final checkpoint (`trainer.export`)."""
+
+    step: int
+    uri: str
+    time: str
+    lora: bool = False
+
+
+@dataclass
 class Progress:
     """Where a run stands; serialised as progress.json."""
 
@@ -81,6 +100,7 @@ class Progress:
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: CheckpointInfo | None = None
     wandb_run_id: str | None = None
+    export: ExportInfo | None = None
 
     def to_json(self) -> bytes:
         """Serialise as compact, stable JSON."""
@@ -98,6 +118,9 @@ class Progress:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         checkpoint = known.get("checkpoint")
         known["checkpoint"] = CheckpointInfo(**checkpoint) if isinstance(checkpoint, dict) else None
+        export = known.get("export")
+        known["export"] = (ExportInfo(**{k: v for k, v in export.items() if k in ExportInfo.__dataclass_fields__})
+                           if isinstance(export, dict) else None)
         known["metrics"] = {k: float(v) for k, v in (known.get("metrics") or {}).items() if v is not None}
         return cls(**known)
 
@@ -118,6 +141,15 @@ def read_progress(root: str, **kwargs: Any) -> Progress | None:
         return Progress.from_json(storage.read_bytes(progress_uri(root), **kwargs))
     except FileNotFoundError:
         return None
+
+
+def record_export(root: str, step: int, uri: str, *, lora: bool = False, clock: Callable[[], float] = time.time) -> Progress:
+    """Add the export of the final checkpoint to the record under `root` (after training: no writer races it)."""
+    record = read_progress(root) or Progress(step=step)
+    record.export = ExportInfo(step=step, uri=uri, time=iso_utc(clock()), lora=lora)
+    record.updated = iso_utc(clock())
+    write_progress(root, record)
+    return record
 
 
 def read_progress_or_warn(root: str, warn: Callable[[str], None]) -> Progress | None:

@@ -34,6 +34,11 @@ SUMMARY_GAUGES: dict[str, tuple[str, str]] = {
     "throughput_tokens_per_second": ("hybridflow_throughput_tokens_per_second",
                                      "Tokens processed per second per accelerator in the last step."),
     "step_seconds": ("hybridflow_step_duration_seconds", "Wall time of the last training step."),
+    "loss": ("hybridflow_loss", "Training loss of the last batch (SFT and DPO trainers)."),
+    "policy_version": ("hybridflow_policy_version", "Actor updates in the weights being trained (asynchronous "
+                                                    "training)."),
+    "staleness_mean": ("hybridflow_staleness_mean", "Mean policy versions between a trained token and the trainer."),
+    "staleness_max": ("hybridflow_staleness_max", "Oldest trained sample's policy versions behind the trainer."),
 }
 
 

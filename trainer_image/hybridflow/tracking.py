@@ -59,6 +59,7 @@ def format_console_line(
     summary = summarize_metrics(data)  # the same numbers as progress.json, Prometheus and the RLJob status
     fields = [
         ("reward", "reward_mean", "{:.3f}"),
+        ("loss", "loss", "{:.4f}"),
         ("kl", "kl", "{:.4f}"),
         ("entropy", "entropy", "{:.3f}"),
         ("resp_len", "response_length_mean", "{:.1f}"),

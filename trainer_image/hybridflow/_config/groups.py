@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from .async_training import RolloutCorrectionConfig
 from .common import Section
+from .export import ExportConfig
 from .names import AdvEstimator, FilterGroupMetric, KlPenalty, LoggerName
 from .values import Location, Seed
 
@@ -66,6 +68,10 @@ class AlgorithmConfig(Section):
         default=0.1,
         gt=0,
         description="online_dpo: beta of the DPO loss (how far the policy may move from the reference).",
+    )
+    rollout_correction: RolloutCorrectionConfig = Field(
+        default_factory=RolloutCorrectionConfig,
+        description="Importance weights / rejection of samples the trained policy did not draw (verl's keys).",
     )
 
 
@@ -217,6 +223,11 @@ class TrainerConfig(Section):
         description="HybridFlow addition (not in verl): colocate puts actor, ref and rollout on the same devices "
         "(weights pushed to the engine each step); split gives the rollout its own pool of devices, of the same "
         "shape (nnodes x n_gpus_per_node), so a split job uses twice as many.",
+    )
+
+    export: ExportConfig = Field(
+        default_factory=ExportConfig,
+        description="HybridFlow addition (not in verl): export the final checkpoint as a Hugging Face folder.",
     )
 
     ray_init: RayInitConfig = Field(

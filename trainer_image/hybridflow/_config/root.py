@@ -15,7 +15,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from . import rules, verl_compat
+from .async_training import AsyncTrainingConfig
 from .common import Section
+from .distillation import DistillationConfig
 from .errors import RULES_ERROR, ConfigError, problems_from_validation_error
 from .groups import AlgorithmConfig, CustomRewardFunction, DataConfig, TrainerConfig
 from .interpolation import has_reference, resolve_tree
@@ -40,6 +42,12 @@ class HybridFlowConfig(Section):
     )
     trainer: TrainerConfig = Field(
         default_factory=TrainerConfig, description="Run, cluster, logging, checkpoints."
+    )
+    async_training: AsyncTrainingConfig = Field(
+        default_factory=AsyncTrainingConfig, description="Asynchronous (off-policy) training: verl's async_training."
+    )
+    distillation: DistillationConfig = Field(
+        default_factory=DistillationConfig, description="On-policy distillation from a frozen teacher: verl's keys."
     )
 
     _verl_notes: list[str] = PrivateAttr(default_factory=list)
@@ -158,6 +166,9 @@ def _fill_derived(cfg: HybridFlowConfig) -> None:
     for name in ("ppo_mini_batch_size", "use_dynamic_bsz", "ppo_epochs", "shuffle", "loss_agg_mode"):
         _default(critic, name, getattr(actor, name))
     _default(cfg.reward_model, "forward_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu)
+    correction, async_cfg = cfg.algorithm.rollout_correction, cfg.async_training
+    _default(correction, "bypass_mode", bool(async_cfg.use_rollout_log_probs))
+    _default(rollout, "calculate_log_probs", async_cfg.enabled or correction.enabled or bool(correction.bypass_mode))
 
 
 def _default(section: Section, name: str, value: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from . import verl_features
+from . import distillation, export, verl_features
 from .errors import shorten
 from .names import GROUP_ESTIMATORS
 
@@ -20,7 +20,8 @@ def check(cfg: HybridFlowConfig) -> list[str]:
     """Every cross-field problem of a config (empty when consistent)."""
     problems: list[str] = []
     for rule in (
-        _cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _reward_model, _trainer, _agent_rollout
+        _cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _reward_model, _trainer, _agent_rollout,
+        _async_training, _rollout_correction, distillation.check, export.check,
     ):
         problems.extend(rule(cfg))
     return problems
@@ -37,6 +38,7 @@ def check_runnable(cfg: HybridFlowConfig) -> list[str]:
         problems.append(
             "data.train_files: required to run; set it to a parquet file or URI (or a list of them)"
         )
+    problems += distillation.check_runnable(cfg)
     if cfg.reward_model.enable and not cfg.reward_model.model.path:
         problems.append(
             "reward_model.model.path: required when reward_model.enable is true; set it to a reward model folder or "
@@ -184,7 +186,8 @@ def _algorithm(cfg: HybridFlowConfig) -> list[str]:
     """The estimator has what it needs: responses to compare, or a critic."""
     out = []
     est, n = cfg.algorithm.adv_estimator, cfg.actor_rollout_ref.rollout.n
-    if est in GROUP_ESTIMATORS and n < 2:
+    # Distillation without task rewards reads no estimator output (verl's recipes keep grpo with n=1).
+    if est in GROUP_ESTIMATORS and n < 2 and not cfg.distillation.replaces_task_advantages:
         out.append(
             f"{ROLLOUT}.n: {est} compares several responses per prompt, so it needs n > 1 (got {n}); "
             "set e.g. actor_rollout_ref.rollout.n=8"
@@ -358,4 +361,73 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
         )
     if ro.agent.custom_async_server.get("path"):
         out.append(f"{ROLLOUT}.agent.custom_async_server: {verl_features.CUSTOM_SERVER.message}")
+    return out
+
+
+def _async_training(cfg: HybridFlowConfig) -> list[str]:
+    """Asynchronous training has standalone replicas to stream from, whole groups to fill a batch, and a mode
+    whose fixed settings are not contradicted."""
+    at, ro = cfg.async_training, cfg.actor_rollout_ref.rollout
+    if not at.enabled:
+        return []
+    out, mode = [], f"async_training.mode={at.mode}"
+    if ro.mode != "async":
+        out.append(f"{ROLLOUT}.mode: {mode} streams samples from rollout server replicas; set {ROLLOUT}.mode=async")
+    if cfg.trainer.placement != "split":
+        out.append(
+            f"trainer.placement: {mode} generates while the trainer updates, so the rollout replicas need devices of "
+            "their own; set trainer.placement=split (the rollout gets a pool of the trainer's shape)"
+        )
+    if at.mode == "one_step_off":
+        if at.staleness_threshold not in (None, 1.0):
+            out.append(
+                f"async_training.staleness_threshold: one_step_off is exactly one step behind (1), got "
+                f"{at.staleness_threshold}; remove it, or use async_training.mode=fully_async to choose the staleness"
+            )
+        if at.partial_rollout:
+            out.append(
+                "async_training.partial_rollout: one_step_off pushes weights between whole batches; set it to false, "
+                "or use async_training.mode=fully_async"
+            )
+    mini, batch = cfg.actor_rollout_ref.actor.ppo_mini_batch_size, cfg.data.train_batch_size
+    if at.require_batches is not None and at.require_batches * mini != batch:
+        out.append(
+            f"async_training.require_batches: a step trains data.train_batch_size={batch} prompts, not "
+            f"require_batches x ppo_mini_batch_size = {at.require_batches} x {mini}; set data.train_batch_size="
+            f"{at.require_batches * mini} or remove require_batches"
+        )
+    if cfg.algorithm.adv_estimator == "remax":
+        out.append(
+            f"algorithm.adv_estimator: remax generates a greedy baseline with the current weights for every batch, "
+            f"which {mode} cannot do for samples generated earlier; pick grpo, rloo or reinforce_plus_plus"
+        )
+    if ro.calculate_log_probs is False:
+        out.append(
+            f"{ROLLOUT}.calculate_log_probs: {mode} corrects for stale samples with the rollout's log-probs; set it "
+            "to true (or remove it)"
+        )
+    return out
+
+
+def _rollout_correction(cfg: HybridFlowConfig) -> list[str]:
+    """The correction options parse, and the mode can compute what they need."""
+    rc, out, key = cfg.algorithm.rollout_correction, [], "algorithm.rollout_correction"
+    try:
+        rc.rs_options()
+    except ValueError as err:
+        out.append(f"{key}.{err}")
+    if rc.loss_type == "reinforce":
+        out.append(f"{key}.loss_type: {verl_features.REINFORCE_LOSS.message}")
+    if rc.bypass_mode and rc.enabled:
+        out.append(f"{key}.bypass_mode: {verl_features.BYPASS_CORRECTION.message}")
+    at = cfg.async_training
+    if at.use_rollout_log_probs is not None and rc.bypass_mode is not None and at.use_rollout_log_probs != rc.bypass_mode:
+        out.append(
+            f"async_training.use_rollout_log_probs: {at.use_rollout_log_probs} contradicts {key}.bypass_mode="
+            f"{rc.bypass_mode}; set only one of the two"
+        )
+    if (rc.enabled or rc.bypass_mode) and cfg.actor_rollout_ref.rollout.calculate_log_probs is False:
+        out.append(
+            f"{ROLLOUT}.calculate_log_probs: {key} reads the rollout's log-probs; set it to true (or remove it)"
+        )
     return out

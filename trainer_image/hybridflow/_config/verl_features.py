@@ -97,7 +97,15 @@ MULTIMODAL = Feature(
     "multimodal", "multimodal (image/video) input",
     "HybridFlow trains text-only models: remove the image/video keys and use a text dataset", later=True,
 )
-LORA = Feature("lora", "LoRA", "remove the LoRA keys (or set lora_rank=0) to train all weights", later=True)
+LORA_CRITIC = Feature(
+    "lora_critic", "LoRA for the critic (critic.model.lora_*)",
+    "remove the critic.model.lora_* keys (or set critic.model.lora_rank=0): the critic trains all its weights; "
+    "LoRA for the policy is actor_rollout_ref.model.lora_rank", later=True,
+)
+MEGATRON_LORA = Feature(
+    "megatron_lora", "verl's Megatron LoRA section (model.lora.*)",
+    "use actor_rollout_ref.model.lora_rank, lora_alpha and target_modules (peft LoRA on FSDP2)",
+)
 REWARD_LOOP = Feature(
     "reward_loop", "verl's reward loop / generative reward model",
     "remove it; score with rules, custom_reward_function.path, or a classifier reward model (reward_model.enable)",
@@ -147,6 +155,16 @@ CUSTOM_SERVER = Feature(
 )
 ROUTING_REPLAY = Feature("routing_replay", "MoE routing replay", "remove it: experts are routed afresh in each forward")
 MTP = Feature("mtp", "multi-token prediction (model.mtp)", "remove model.mtp.*")
+BYPASS_CORRECTION = Feature(
+    "bypass_correction", "rollout-correction weights or rejection computed in bypass mode (verl computes them "
+    "against the current policy inside the loss)",
+    "use bypass_mode=false (decoupled: the trainer's pi_old) with rollout_is / rollout_rs, or bypass_mode=true "
+    "without them", later=True,
+)
+REINFORCE_LOSS = Feature(
+    "reinforce_loss", "the bypass-mode REINFORCE loss (algorithm.rollout_correction.loss_type=reinforce)",
+    "use loss_type=ppo_clip", later=True,
+)
 ALGO_EXTRAS = Feature(
     "algorithm_extras", "this verl algorithm option",
     "remove it (for truncated importance sampling against the rollout use actor.tis_imp_ratio_cap)", later=True,
@@ -173,6 +191,24 @@ CRITIC_FORWARD_BUDGET = Feature(
 )
 DTYPE_KEY = Feature(
     "model_dtype_key", "verl's model.torch_dtype", "remove it; set <role>.fsdp_config.model_dtype (bf16, fp32) instead",
+)
+DISTILL_GKD = Feature(
+    "distill_gkd", "GKD on-policy distillation (use_policy_gradient=false: the divergence back-propagated as a loss)",
+    "set distillation.distillation_loss.use_policy_gradient=true (-D_t as the per-token advantage; loss_mode=k1 as in "
+    "verl's recipes)", later=True,
+)
+DISTILL_POOL = Feature(
+    "distill_pool", "a separate teacher resource pool (distillation.nnodes > 0, served teacher replicas)",
+    "remove distillation.nnodes / n_gpus_per_node (or set nnodes=0): the teacher is a frozen FSDP group on the "
+    "trainer's devices, like the reference policy", later=True,
+)
+MULTI_TEACHER = Feature(
+    "multi_teacher", "multi-teacher distillation (several teacher_models routed by teacher_key)",
+    "keep one entry, distillation.teacher_models.teacher_model", later=True,
+)
+DISTILL_TOPK = Feature(
+    "distill_topk", "top-k distillation losses (the teacher's top-k log-probs per position)",
+    "use loss_mode=k1, the single-sample reverse KL (verl's policy-gradient recipes)", later=True,
 )
 
 _ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
@@ -215,13 +251,12 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.actor.freeze_vision_tower", MULTIMODAL, accepts=(False,),
             note="false: there is no vision tower here"),
     VerlKey("actor_rollout_ref.model.custom_chat_template", MULTIMODAL),
-    VerlKey("actor_rollout_ref.model.lora_rank", LORA, accepts=(0,), note="0 means no LoRA, as here"),
-    *[VerlKey(f"actor_rollout_ref.model.{key}", LORA) for key in (
-        "lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path", "lora")],
-    VerlKey("critic.model.lora_rank", LORA, accepts=(0,), note="0 means no LoRA, as here"),
-    *[VerlKey(f"critic.model.{key}", LORA) for key in ("lora_alpha", "target_modules", "exclude_modules")],
-    VerlKey("actor_rollout_ref.rollout.layered_summon", LORA, accepts=(False,),
-            note="false: weights are gathered whole for the engine, as here"),
+    VerlKey("actor_rollout_ref.model.lora", MEGATRON_LORA),
+    VerlKey("critic.model.lora_rank", LORA_CRITIC, accepts=(0,), note="0 means no LoRA, as here"),
+    *[VerlKey(f"critic.model.{key}", LORA_CRITIC) for key in ("lora_alpha", "target_modules", "exclude_modules")],
+    VerlKey("actor_rollout_ref.rollout.layered_summon", None,
+            note="a memory saver of verl's LoRA weight sync (gather layer by layer); here the merged weights are "
+            "gathered whole, with the same result"),
     VerlKey("reward_model.use_reward_loop", REWARD_LOOP, accepts=(False,),
             note="false selects verl's classic reward path, the one HybridFlow has"),
     VerlKey("reward_model.rollout", REWARD_LOOP),
@@ -255,7 +290,6 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.rollout.enable_rollout_routing_replay", ROUTING_REPLAY, accepts=(False,),
             note="false: no routing replay, as here"),
     VerlKey("actor_rollout_ref.model.mtp", MTP),
-    VerlKey("algorithm.rollout_correction", ALGO_EXTRAS),
     VerlKey("actor_rollout_ref.actor.calculate_sum_pi_squared", ALGO_EXTRAS, accepts=(False,),
             note="false: the statistic is not computed, as here"),
     VerlKey("actor_rollout_ref.actor.use_prefix_grouper", ALGO_EXTRAS, accepts=(False,),
@@ -284,6 +318,14 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.forward_max_token_len_per_gpu", CRITIC_FORWARD_BUDGET),
     VerlKey("actor_rollout_ref.model.torch_dtype", DTYPE_KEY),
     VerlKey("critic.model.torch_dtype", DTYPE_KEY),
+    VerlKey("distillation.enable_resource_pool", DISTILL_POOL, accepts=(False,),
+            note="false: the teacher shares the trainer's devices, as here"),
+    VerlKey("distillation.teacher_models.*.inference", None,
+            note="the teacher's inference-server settings; the teacher here is a frozen FSDP group, sharded and "
+            "micro-batched as actor_rollout_ref.ref"),
+    VerlKey("distillation.teacher_models.*.num_replicas", None,
+            note="served teacher replicas; the teacher here is one FSDP group on the trainer's devices"),
+    VerlKey("distillation.distillation_loss.tail_mass_eps", None, note="read by forward_kl_topk_tail only"),
 )
 """verl keys without a field here, refused as a feature or accepted without effect."""
 
@@ -301,6 +343,10 @@ NO_EFFECT_FIELDS: tuple[VerlKey, ...] = (
     VerlKey("reward_model.launch_reward_fn_async", note="scoring runs before log-probs"),
     VerlKey("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", note="token ids are never re-tokenised"),
     VerlKey("actor_rollout_ref.rollout.agent.num_workers", note="trajectories run in the driver's event loop"),
+    VerlKey("distillation.n_gpus_per_node", note="the size of a separate teacher pool; the teacher shares the "
+            "trainer's devices here"),
+    VerlKey("distillation.teacher_key", note="routes samples among several teachers; one teacher here"),
+    VerlKey("distillation.distillation_loss.topk", note="read by top-k loss modes only"),
 )
 """Fields HybridFlow keeps for verl but that change nothing here: noted at start-up when a config sets them."""
 
@@ -314,6 +360,8 @@ VALUES: tuple[VerlValue, ...] = (
         "optimal_token_baseline", "tir_optimal_token_baseline", "grpo_passk", "gdpo", "grpo_vectorized",
         "rloo_vectorized", "gae_vectorized")],
     VerlValue("trainer.logger.*", "mlflow", LOGGERS),
+    *[VerlValue("distillation.distillation_loss.loss_mode", name, DISTILL_TOPK)
+      for name in ("forward_kl_topk", "forward_kl_topk_tail", "jsd", "nitrobrew")],
 )
 """verl values refused as a feature (only consulted when the schema rejects the value)."""
 
@@ -410,7 +458,8 @@ def all_features() -> list[Feature]:
     """Every feature of the table, once each, in table order."""
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
-    for feature in [*candidates, ROLLOUT_TP_NODES, SERVER_TP, SGLANG_SERVER, INTERACTIONS, TOOL_FORMATS, CUSTOM_SERVER]:
+    for feature in [*candidates, ROLLOUT_TP_NODES, SERVER_TP, SGLANG_SERVER, INTERACTIONS, TOOL_FORMATS, CUSTOM_SERVER,
+                    DISTILL_GKD, MULTI_TEACHER, BYPASS_CORRECTION, REINFORCE_LOSS]:
         if feature is not None:
             found.setdefault(feature.message, feature)
     return list(found.values())

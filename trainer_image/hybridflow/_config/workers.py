@@ -8,6 +8,7 @@ from pydantic import AfterValidator, Field
 
 from .common import CheckpointConfig, FsdpConfig, OptimConfig, Section
 from .names import KlPenalty, LossAggMode, PolicyLoss, RewardManager, RolloutName
+from .values import Location
 
 Strategy = Literal["fsdp2", "fsdp"]
 STRATEGY_DOC = (
@@ -47,6 +48,30 @@ class ModelConfig(Section):
     )
     external_lib: str | None = Field(
         default=None, description="Module to import before loading (registers custom model classes)."
+    )
+    lora_rank: int = Field(
+        default=0,
+        ge=0,
+        description="LoRA rank (peft); > 0 trains low-rank adapters on target_modules instead of all weights: the "
+        "reference policy is the base model with the adapter off (no second copy), the rollout gets merged weights, "
+        "checkpoints hold the adapter and its optimizer state. 0: full fine-tuning.",
+    )
+    lora_alpha: float = Field(
+        default=16, gt=0, description="LoRA alpha: the adapter's update is scaled by lora_alpha / lora_rank."
+    )
+    target_modules: str | list[str] = Field(
+        default="all-linear",
+        description="Layers that get adapters: all-linear (every Linear but the output head), a list of module "
+        "names such as [q_proj,v_proj], or a regex (peft's target_modules). Linear layers only.",
+    )
+    exclude_modules: str | list[str] | None = Field(
+        default=None, description="Layers to leave without adapters: a list of names or a regex (peft's exclude_modules)."
+    )
+    lora_adapter_path: Location | None = Field(
+        default=None,
+        description="Start from this peft adapter folder (a path or URI; e.g. a checkpoint's actor/lora_adapter or an "
+        "export's lora_adapter) instead of a fresh adapter; its own rank, alpha and target modules apply. The "
+        "reference policy stays the base model (model.path) without it.",
     )
 
 
@@ -191,7 +216,11 @@ class RolloutConfig(Section):
         description="Token budget per micro-batch; null means actor.ppo_max_token_len_per_gpu.",
     )
     do_sample: bool = Field(default=True, description="Sample (true) or decode greedily (false).")
-    calculate_log_probs: bool = Field(default=False, description="Return the engine's log-probs (debugging).")
+    calculate_log_probs: bool | None = Field(
+        default=None,
+        description="Return the engine's log-probs with the samples. null: true when something reads them "
+        "(async training, algorithm.rollout_correction), else false.",
+    )
     engine_kwargs: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Extra engine arguments by engine name, e.g. {vllm: {swap_space: 4}}.",

@@ -21,6 +21,7 @@ import torch
 
 from hybridflow import yamlio
 from hybridflow.agent.base import AgentLoopOutput, AsyncServerClient, get_agent_loop, register_factory
+from hybridflow.agent.stream import TOKEN_VERSIONS, versions_tensor
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.token_io import resolve_sampling, with_validation_sampling
 from hybridflow.tools.base import BaseTool
@@ -110,9 +111,13 @@ class AgentLoopManager:
     # -- the batch interface ------------------------------------------------------------------------
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """One trajectory per row of `prompts` (rows already repeated n times); see the module docstring."""
+        return self.events.run(self.generate_sequences_async(prompts))
+
+    async def generate_sequences_async(self, prompts: DataProto) -> DataProto:
+        """`generate_sequences` on the manager's event loop (the asynchronous-training stream calls it per group)."""
         sampling = self._sampling(prompts.meta_info)
         failovers = getattr(self.server, "failovers", 0)
-        outputs = self.events.run(self._run_all(prompts, sampling))
+        outputs = await self._run_all(prompts, sampling)
         batch = self._pack(prompts, outputs, sampling["calculate_log_probs"])
         # requests moved off a failed replica during this call (a `Router` counts them)
         batch.meta_info["metrics"]["agent/replica_failovers"] = float(getattr(self.server, "failovers", 0) - failovers)
@@ -140,8 +145,12 @@ class AgentLoopManager:
                 sample["raw_prompt_ids"] = prompts.batch["input_ids"][i][mask].tolist()
             name = str(sample.get("agent_name") or self.default_loop)
             loop = self._build(name)
+            versions: list[int] = []
+            TOKEN_VERSIONS.set(versions)  # this task's trajectory: a `VersionedServer` records into it
             async with limit:
-                return await loop.run(dict(sampling), **sample)
+                out = await loop.run(dict(sampling), **sample)
+            out.extra_fields.setdefault("token_versions", versions)
+            return out
 
         return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
 
@@ -209,6 +218,9 @@ class AgentLoopManager:
         }
         if with_logprobs:
             tensors["rollout_log_probs"] = log_probs
+        recorded = [list(o.extra_fields.get("token_versions") or []) for o in outputs]
+        if any(recorded):  # generated through a `VersionedServer` (asynchronous training)
+            tensors["rollout_versions"] = versions_tensor(recorded, response_mask)
         non_tensors = dict(prompts.non_tensor_batch)
         non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
         meta = {k: v for k, v in prompts.meta_info.items() if k != "metrics"}

@@ -85,6 +85,15 @@ class Router:
             f"request {request_id} failed on every rollout replica {4 * len(self.replicas)} times; see the replicas' logs"
         )
 
+    async def abort(self, *, request_id: str) -> None:
+        """Cancel a request in flight on its session's replica (partial rollout pauses generations this way)."""
+        index = self.sessions.get(request_id)
+        if index is not None and self.alive[index] and hasattr(self.replicas[index], "abort"):
+            try:
+                await self.replicas[index].abort(request_id=request_id)
+            except ReplicaUnavailable:
+                self.mark_failed(index)
+
     def mark_failed(self, index: int) -> None:
         """Take a replica out of rotation and start its recovery (once)."""
         if not self.alive[index]:

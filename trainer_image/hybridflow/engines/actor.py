@@ -155,8 +155,7 @@ class PPOActor:
                     "compute_ref_log_prob before update_actor (or set use_kl_loss=false)"
                 )
             keys.append("ref_log_prob")
-        if "rollout_log_probs" in data.batch:
-            keys.append("rollout_log_probs")
+        keys += [k for k in ("rollout_log_probs", "rollout_is_weights") if k in data.batch]
         batch = data.select(keys)
         acc = MetricAccumulator()
         self.engine.module.train()
@@ -183,6 +182,7 @@ class PPOActor:
                         loss_agg_mode=mode,
                         config=cfg,
                         rollout_log_probs=rollout_log_probs,
+                        rollout_is_weights=b["rollout_is_weights"].to(device) if "rollout_is_weights" in b else None,
                     )
                     loss = pg_loss
                     metrics: dict[str, Any] = {"actor/pg_loss": pg_loss.detach(), **pg_metrics}

@@ -8,19 +8,27 @@ callers scale losses accordingly (see `PPOActor`).
 
 Full state dicts are collectives: call `full_state_dict` / `load_full_state_dict` and the optimizer
 counterparts on every rank at the same time.
+
+LoRA (`model.lora_rank > 0` or `model.lora_adapter_path`, see `hybridflow.engines.lora`): the causal LM is
+wrapped as a peft model before sharding (FSDP2 over the peft model), only the adapter is trainable and in
+the optimizer, `full_state_dict` returns the merged weights under the base model's names (what every
+rollout engine and the exporter load), `trainable_state_dict` the adapter alone (what checkpoints hold),
+and `adapter_disabled()` runs the base model: the reference policy without a second copy of the weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow.engines import lora
 from hybridflow.engines.optim import build_lr_scheduler, build_optimizer
 
 ModelKind = Literal["causal_lm", "value"]
@@ -195,27 +203,39 @@ class FSDPEngine:
             trust_remote_code=bool(_get(model_config, "trust_remote_code", False)),
         )
         self.hf_config = module.config
+        self.model_path = model_path
+        self.tokenizer_path = str(_get(model_config, "tokenizer_path", None) or model_path)
+        self.hf_class_name = type(module).__name__
         # HF causal LMs can project only the last positions onto the vocabulary (`logits_to_keep`):
         # the actor needs the response positions only, and the LM head is a large share of the
         # compute of a small model.
         self.can_keep_logits = kind == "causal_lm" and "logits_to_keep" in inspect.signature(module.forward).parameters
         if optim_config is not None and _get(model_config, "enable_gradient_checkpointing", False):
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # The decoder-layer classes to shard, named by the HF model (a peft wrapper would hide its attributes).
+        wrap = _get(_get(fsdp_config, "wrap_policy", None), "transformer_layer_cls_to_wrap", None)
+        layer_names = _layer_classes(module, wrap) if self.distributed else set()
+        self.lora = kind == "causal_lm" and optim_config is not None and lora.lora_enabled(model_config)
+        self.lora_layout: dict[str, lora.LoraScale] = {}
+        if self.lora:
+            module = lora.apply_lora(module, model_config, model_path)  # peft keeps the base model's forward
+            self.lora_layout = lora.lora_layout(module)
         module.to(self.device)
-        self.module: nn.Module = self._shard(module, fsdp_config) if self.distributed else module
+        self.module: nn.Module = self._shard(module, fsdp_config, layer_names) if self.distributed else module
         self.autocast_dtype = autocast_dtype(self.device.type, fsdp_config, sharded=self.distributed,
                                              cpu_mixed_precision=cpu_mixed_precision)
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if optim_config is not None:
-            self.optimizer = build_optimizer(self.module.parameters(), optim_config)
+            # LoRA: the frozen base weights have no optimizer state (only the adapter's is kept and saved)
+            self.optimizer = build_optimizer([p for p in self.module.parameters() if p.requires_grad], optim_config)
             self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config, total_steps)
         else:
             self.module.requires_grad_(False)
             self.module.eval()
 
     # ------------------------------------------------------------------ sharding
-    def _shard(self, module: nn.Module, fsdp_config: Any) -> nn.Module:
+    def _shard(self, module: nn.Module, fsdp_config: Any, layer_names: set[str]) -> nn.Module:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -238,8 +258,6 @@ class FSDPEngine:
             "reshard_after_forward": bool(_get(fsdp_config, "reshard_after_forward", True)),
             **shard_policies(self.device.type, fsdp_config),
         }
-        wrap = _get(fsdp_config, "wrap_policy", None)
-        layer_names = _layer_classes(module, _get(wrap, "transformer_layer_cls_to_wrap", None))
         for sub in module.modules():
             if type(sub).__name__ in layer_names:
                 fully_shard(sub, **kwargs)
@@ -327,18 +345,62 @@ class FSDPEngine:
             return 0.0
         return float(self.optimizer.param_groups[0]["lr"])
 
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """Compute with the base model (LoRA off): the reference policy of a LoRA run; a no-op without LoRA."""
+        if not self.lora:
+            yield
+            return
+        with self.module.disable_adapter():  # type: ignore[operator]
+            yield
+
     # ------------------------------------------------------------------ state dicts (collectives)
     def full_state_dict(self, rank0_only: bool = False) -> dict[str, torch.Tensor]:
-        """The unsharded model weights; a collective on all ranks. `rank0_only`: others get {} (on CPU)."""
+        """The unsharded model weights under HF names (LoRA: merged); a collective. `rank0_only`: others get {}."""
         if not self.distributed:
-            return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+            state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        else:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+            state = get_model_state_dict(self.module, options=opts)
+        return lora.merge_lora_state_dict(state, self.lora_layout) if self.lora else state
+
+    def trainable_state_dict(self, rank0_only: bool = True) -> dict[str, torch.Tensor]:
+        """What a checkpoint's model part holds: the LoRA adapter (engine names) with LoRA, else the full
+        weights (`full_state_dict`); a collective. `rank0_only`: others get {}."""
+        if not self.lora:
+            return self.full_state_dict(rank0_only=rank0_only)
+        if not self.distributed:
+            return {k: p.detach().clone() for k, p in self.module.named_parameters() if p.requires_grad}
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only, ignore_frozen_params=True)
         return get_model_state_dict(self.module, options=opts)
+
+    def trainable_shapes(self) -> dict[str, torch.Size]:
+        """Name -> global shape of every trainable parameter (sharded ones too); no communication."""
+        return {name: p.shape for name, p in self.module.named_parameters() if p.requires_grad}
+
+    def load_adapter_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load the LoRA adapter (engine names, every rank passes the whole dict: it is small); a collective."""
+        if not self.lora:
+            raise RuntimeError("load_adapter_state_dict on an engine without LoRA; load the full weights instead")
+        if not self.distributed:
+            self.module.load_state_dict(state_dict, strict=False)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        # Each rank holds the whole (small) adapter: no broadcast, frozen base weights stay as they are.
+        set_model_state_dict(self.module, state_dict, options=StateDictOptions(full_state_dict=True, strict=False))
 
     def load_full_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load unsharded weights; a collective. Rank 0's dict is broadcast, others may pass {}."""
+        if self.lora:
+            raise RuntimeError(
+                "load_full_state_dict on a LoRA engine: its base weights are frozen and come from model.path; "
+                "load the adapter with load_adapter_state_dict"
+            )
         if not self.distributed:
             self.module.load_state_dict(state_dict)
             return

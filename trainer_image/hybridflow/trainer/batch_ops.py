@@ -1,4 +1,4 @@
-"""Pure batch transforms used by the RL loop (no Ray, no workers): masks, group ids, KL, advantages.
+"""Pure batch transforms used by the RL loop (no Ray, no workers): masks, group ids, KL, advantages, distillation.
 
 Each function takes a `DataProto` with verl's key names and returns new tensors or a new batch, so
 the loop in `ray_trainer.py` stays a readable list of phases and these pieces are testable alone.
@@ -13,6 +13,12 @@ import numpy as np
 import torch
 
 from hybridflow.algorithms import get_adv_estimator_fn, kl_penalty, masked_mean, preference_pairs
+from hybridflow.algorithms.distillation import (
+    compute_distillation_advantages,
+    compute_distillation_loss,
+    distillation_metrics,
+)
+from hybridflow.algorithms.rollout_corr import correction_metrics, importance_weights, rejection_mask
 from hybridflow.protocol import DataProto, response_mask_of
 
 
@@ -56,9 +62,61 @@ def compute_advantage(batch: DataProto, algorithm_cfg: Any, actor_cfg: Any = Non
         old_log_probs=batch.batch.get("old_log_probs"),
         ref_log_prob=batch.batch.get("ref_log_prob"),
     )
+    if "distillation_losses" in batch.batch:  # on-policy distillation (see apply_distillation)
+        distill = batch.meta_info["distillation"]
+        advantages = compute_distillation_advantages(
+            batch.batch["distillation_losses"],
+            response_mask_of(batch),
+            task_advantages=advantages if distill["use_task_rewards"] else None,
+            distillation_loss_coef=distill["distillation_loss_coef"],
+        )
     batch.batch["advantages"] = advantages
     batch.batch["returns"] = returns
     return batch
+
+
+def apply_distillation(batch: DataProto, loss_cfg: Any) -> dict[str, float]:
+    """Per-token distillation losses D_t of the student (`old_log_probs`) against the teacher (`teacher_log_prob`).
+
+    Stores them as `distillation_losses` with how `compute_advantage` folds them into the advantages
+    (`meta_info["distillation"]`: -D_t alone, or added to the task advantages times the coefficient), and
+    returns verl's `actor/distillation/*` metrics. `loss_cfg` is `distillation.distillation_loss`.
+    """
+    mask = response_mask_of(batch)
+    losses = compute_distillation_loss(
+        batch.batch["old_log_probs"],
+        batch.batch["teacher_log_prob"],
+        loss_mode=loss_cfg.loss_mode,
+        log_prob_min_clamp=loss_cfg.log_prob_min_clamp,
+        loss_max_clamp=loss_cfg.loss_max_clamp,
+    )
+    batch.batch["distillation_losses"] = losses * mask
+    batch.meta_info["distillation"] = {
+        "use_task_rewards": bool(loss_cfg.use_task_rewards),
+        "distillation_loss_coef": float(loss_cfg.distillation_loss_coef),
+    }
+    return distillation_metrics(losses, mask)
+
+
+def apply_rollout_correction(batch: DataProto, correction: Any) -> dict[str, float]:
+    """Decoupled rollout correction (`algorithm.rollout_correction`): `rollout_is_weights` for the policy loss,
+    rejected tokens out of `response_mask`, and verl's `rollout_corr/*` metrics (diagnostics always)."""
+    from hybridflow._config.async_training import parse_threshold
+
+    mask = batch.batch["response_mask"]
+    old, rollout = batch.batch["old_log_probs"], batch.batch["rollout_log_probs"]
+    log_ratio = (old - rollout) * mask
+    weights = keep = None
+    lower, upper = parse_threshold(correction.rollout_is_threshold)
+    if correction.rollout_is is not None:
+        weights = importance_weights(log_ratio, mask, correction.rollout_is, lower, upper,
+                                     correction.rollout_is_batch_normalize)
+        batch.batch["rollout_is_weights"] = weights
+    options = correction.rs_options()
+    if options:
+        keep = rejection_mask(log_ratio, mask, options)
+        batch.batch["response_mask"] = mask * keep
+    return correction_metrics(old, rollout, mask, weights, keep, upper if lower is None else None)
 
 
 def online_dpo_metrics(batch: DataProto, beta: float) -> dict[str, float]:

@@ -119,8 +119,9 @@ def actor_role(cfg: HybridFlowConfig) -> str:
 
 
 def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
-    """Create the actor(+rollout+ref) group, a critic group for GAE, a reward-model group when enabled,
-    and a rollout group when split; critic and reward model share the actor's slots (global pool)."""
+    """Create the actor(+rollout+ref) group, a critic group for GAE, a reward-model group when enabled, a
+    distillation teacher group when enabled, and a rollout group when split; critic, reward model and teacher
+    share the actor's slots (global pool)."""
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
     from hybridflow.trainer.ray_trainer import WorkerGroups
     from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
@@ -130,7 +131,8 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
     split = cfg.trainer.placement == "split"
     server_mode = cfg.actor_rollout_ref.rollout.mode == "async"
     spec = {"global_pool": nodes, **({"rollout_pool": nodes} if split else {})}
-    mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool", "reward_model": "global_pool"}
+    mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool", "reward_model": "global_pool",
+               "teacher": "global_pool"}
     if split:
         mapping["rollout"] = "rollout_pool"
     on_gpu = cfg.trainer.device == "cuda"
@@ -139,8 +141,12 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
         mapping,
         use_gpu=on_gpu,
         cpus_per_process=1.0 if on_gpu else cpu_share(cfg),
-        # Each colocated group takes 1 / max_colocate_count of a slot: the actor, the critic, the reward model.
-        max_colocate_count=max(2, 1 + int(cfg.critic_enabled) + int(cfg.reward_model.enable) + int(server_mode)),
+        # Each colocated group takes 1 / max_colocate_count of a slot: the actor, the critic, the reward model,
+        # the distillation teacher.
+        max_colocate_count=max(
+            2,
+            1 + int(cfg.critic_enabled) + int(cfg.reward_model.enable) + int(server_mode) + int(cfg.distillation.enabled),
+        ),
     )
     actor = RayWorkerGroup(
         manager.get_resource_pool("actor_rollout_ref"),
@@ -177,8 +183,17 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
             name_prefix="rm",
         )
         reward_model.init_model()
+    teacher = None
+    if cfg.distillation.enabled:
+        from hybridflow.workers.teacher_worker import TeacherWorker
+
+        teacher = RayWorkerGroup(
+            manager.get_resource_pool("teacher"), RayClassWithInitArgs(TeacherWorker, config=cfg), name_prefix="teacher"
+        )
+        teacher.init_model()
     return WorkerGroups(
-        actor_rollout=actor, critic=critic, rollout=rollout, reward_model=reward_model, rollout_service=service
+        actor_rollout=actor, critic=critic, rollout=rollout, reward_model=reward_model, rollout_service=service,
+        teacher=teacher,
     )
 
 
@@ -225,6 +240,12 @@ def run(cfg: HybridFlowConfig) -> int:
         if val_loader is not None:
             sources |= set(val_loader.dataset.data_sources())
         reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources)
+        if cfg.distillation.enabled:  # an unreadable teacher or one with another vocabulary, before Ray starts
+            from hybridflow.workers.teacher_worker import teacher_problem
+
+            problem = teacher_problem(cfg)
+            if problem:
+                raise ValueError(problem)
     except (OSError, ValueError) as exc:  # bad paths, unreadable data, prompts too long, no scorer...
         raise StartupError(str(exc)) from exc
     # The workers' lr schedules need the run length (verl injects it the same way).
@@ -235,9 +256,14 @@ def run(cfg: HybridFlowConfig) -> int:
     workers = build_worker_groups(cfg, tokenizer)
     try:
         trainer = RayPPOTrainer(cfg, tokenizer, workers, train_loader, reward_fn, val_loader, val_reward_fn)
-        return trainer.fit()
+        step = trainer.fit()
     finally:
         workers.shutdown()
+    if cfg.trainer.export.enable and step >= trainer.total_training_steps:  # finished, not stopped by a signal
+        from hybridflow.model_merger import export_final_checkpoint
+
+        export_final_checkpoint(cfg, step)  # after the workers are gone: the driver has their memory
+    return step
 
 
 def main(argv: Sequence[str] | None = None) -> int:

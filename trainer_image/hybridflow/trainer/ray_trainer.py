@@ -46,6 +46,7 @@ class WorkerGroups:
     rollout: Any = None  # split placement only; None when the rollout lives in the actor's processes
     reward_model: Any = None  # reward_model.enable only
     rollout_service: Any = None  # rollout.mode=async: replicas + router + agent loops (`RolloutService`)
+    teacher: Any = None  # distillation.enabled: the frozen teacher (`TeacherWorker`)
 
     @property
     def world_size(self) -> int:
@@ -56,7 +57,7 @@ class WorkerGroups:
         """Kill every group's actors and free their placement groups (a later run in this Ray can start)."""
         if self.rollout_service is not None:
             self.rollout_service.shutdown()
-        for group in (self.actor_rollout, self.critic, self.rollout, self.reward_model):
+        for group in (self.actor_rollout, self.critic, self.rollout, self.reward_model, self.teacher):
             if group is not None:
                 group.shutdown()
                 group.resource_pool.release()
@@ -79,6 +80,11 @@ def needs_old_log_prob_pass(config: Any) -> bool:
     forward pass over the batch. Online DPO's weights read them too.
     """
     actor = config.actor_rollout_ref.actor
+    correction = config.algorithm.rollout_correction
+    if correction.bypass_mode:  # the rollout's log-probs are pi_old (`use_rollout_log_probs`)
+        return False
+    if correction.enabled or config.async_training.enabled:  # decoupled: pi_old != pi_rollout, both needed
+        return True
     on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= config.data.train_batch_size
     reads_them = config.algorithm.use_kl_in_reward or config.algorithm.adv_estimator == "online_dpo"
     return not on_policy or bool(reads_them)
@@ -112,6 +118,11 @@ class RayPPOTrainer:
         self.use_reference = config.ref_enabled
         self.kl_ctrl = get_kl_controller(self.algo.kl_ctrl) if self.algo.use_kl_in_reward else None
         self.recompute_old_log_prob = needs_old_log_prob_pass(config)
+        self.correction = config.algorithm.rollout_correction
+        # Asynchronous training: batches come from the rollout stream, generated while the trainer updates
+        self.streaming = config.async_training.enabled
+        self.actor_version = 0  # actor updates the current weights have seen (the policy version)
+        self._stream_state: tuple[dict[str, Any], list[DataProto]] | None = None
         self.total_training_steps = compute_total_training_steps(config, len(train_dataloader))
         self.ckpt_root = config.trainer.default_local_dir
         self.global_step = 0
@@ -124,7 +135,11 @@ class RayPPOTrainer:
     def fit(self) -> int:
         """Train until total_training_steps (or a SIGTERM); return the last completed global step."""
         state = self._resume()
-        self._sync_rollout_weights()  # a separate rollout (split group, server replicas) starts with the actor's weights
+        self.actor_version = self.global_step
+        if self.streaming:
+            self._start_stream()
+        else:
+            self._sync_rollout_weights()  # a separate rollout (split group, server replicas) starts with the actor's weights
         progress_record = None
         if self.config.trainer.resume_mode != "disable" and self.ckpt_root:
             progress_record = read_progress_or_warn(self.ckpt_root, self.log)  # the id before any checkpoint
@@ -184,9 +199,16 @@ class RayPPOTrainer:
             if self.recompute_old_log_prob:
                 with timed("old_log_prob", timings):
                     batch = self.compute_old_log_probs(batch, metrics)
+            elif self.correction.bypass_mode:
+                batch = self.use_rollout_log_probs(batch)
+            if self.recompute_old_log_prob and (self.correction.enabled or "rollout_log_probs" in batch.batch):
+                batch = self.correct_rollout(batch, metrics)
             if self.use_reference:
                 with timed("ref", timings):
                     batch = self.compute_ref_log_probs(batch)
+            if self.workers.teacher is not None:
+                with timed("teacher", timings):
+                    batch = self.compute_teacher_log_probs(batch, metrics)
             if self.use_critic:
                 with timed("values", timings):
                     batch = self.compute_values(batch)
@@ -243,9 +265,16 @@ class RayPPOTrainer:
     def _generate_and_score(
         self, metrics: dict[str, float], timings: dict[str, float]
     ) -> tuple[DataProto, dict[str, list[Any]]]:
-        batch = batch_ops.add_group_ids(self._next_batch())
-        with timed("gen", timings):
-            batch = self.generate(batch)
+        if self.streaming:  # generated while earlier steps trained; "gen" is the time the trainer waited
+            with timed("gen", timings):
+                batch, stream_metrics = self.workers.rollout_service.take(
+                    self.config.data.train_batch_size, self.actor_version
+                )
+            metrics.update(stream_metrics)
+        else:
+            batch = batch_ops.add_group_ids(self._next_batch())
+            with timed("gen", timings):
+                batch = self.generate(batch)
         metrics.update(batch.meta_info.pop("metrics", {}))  # server mode: turns, tool calls, aborted
         if self.use_rm:
             with timed("rm", timings):
@@ -327,9 +356,35 @@ class RayPPOTrainer:
             )
         return batch.union(output)
 
+    def use_rollout_log_probs(self, batch: DataProto) -> DataProto:
+        """Bypass mode: the engine's log-probs are pi_old, so the PPO ratio is taken against the policy that
+        drew the samples (however many versions old) and no recomputation pass runs."""
+        batch.batch["old_log_probs"] = batch.batch["rollout_log_probs"].clone()
+        return batch
+
+    def correct_rollout(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        """Decoupled mode: importance weights pi_old / pi_rollout and rejection masks (algorithm.rollout_correction),
+        and the `rollout_corr/*` diagnostics of how far the two policies are apart."""
+        if "rollout_log_probs" not in batch.batch:
+            raise KeyError(
+                "algorithm.rollout_correction needs the rollout's log-probs, but the rollout returned none; set "
+                "actor_rollout_ref.rollout.calculate_log_probs=true"
+            )
+        metrics.update(batch_ops.apply_rollout_correction(batch, self.correction))
+        return batch
+
     def compute_ref_log_probs(self, batch: DataProto) -> DataProto:
         """Log-probs under the frozen reference policy (for the KL loss or KL-in-reward)."""
         return batch.union(self.workers.actor_rollout.compute_ref_log_prob(batch))
+
+    def compute_teacher_log_probs(self, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+        """On-policy distillation: the teacher's log-probs of the student's samples, and the per-token
+        divergence they give (the advantage's distillation term, folded in by compute_advantages)."""
+        if "old_log_probs" not in batch.batch:  # an on-policy update skipped that pass; D_t reads the student's
+            batch = self.compute_old_log_probs(batch, metrics)
+        batch = batch.union(self.workers.teacher.compute_teacher_log_prob(batch))
+        metrics.update(batch_ops.apply_distillation(batch, self.config.distillation.distillation_loss))
+        return batch
 
     def compute_values(self, batch: DataProto) -> DataProto:
         """Critic values per response token (PPO with GAE)."""
@@ -352,8 +407,19 @@ class RayPPOTrainer:
         """One actor update (policy loss), then push the new weights to the rollout engine."""
         batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
         output = self.workers.actor_rollout.update_actor(batch)
-        self._sync_rollout_weights()
+        self.actor_version = self.global_step
+        if not self.streaming:
+            self._sync_rollout_weights()
+        elif self.global_step % self.config.async_training.trigger_parameter_sync_step == 0:
+            self.workers.rollout_service.publish_weights(self.workers.actor_rollout, self.actor_version)
         return reduce_worker_metrics(output.meta_info.get("metrics", {}))
+
+    def _start_stream(self) -> None:
+        """Asynchronous training: the replicas get the actor's weights, then the stream starts producing (from
+        the checkpoint's stream state on resume)."""
+        service = self.workers.rollout_service
+        service.update_weights(self.workers.actor_rollout, version=self.actor_version)
+        service.start_stream(self.train_dataloader, self.actor_version, self._stream_state)
 
     def _sync_rollout_weights(self) -> None:
         """Ship the actor's weights to a rollout outside its processes: server replicas (mode=async) or the
@@ -411,19 +477,35 @@ class RayPPOTrainer:
         self.workers.actor_rollout.save_checkpoint(f"{step_uri}/actor")
         if self.use_critic:
             self.workers.critic.save_checkpoint(f"{step_uri}/critic")
+        extra: dict[str, Any] = {"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {}
+        if self.streaming:  # quiesce the stream; keep what it handed out but did not train (exact resume)
+            stream_state, queued = self.workers.rollout_service.snapshot()
+            try:
+                ck.save_rollout_queue(step_uri, queued)
+            except BaseException:
+                self.workers.rollout_service.release()
+                raise
+            extra["async"] = {**stream_state, "actor_version": self.actor_version}
+        try:
+            self._save_trainer_state(step_uri, extra)
+        finally:
+            if self.streaming:
+                self.workers.rollout_service.release()
+        if self.tracker is not None:
+            self.tracker.checkpoint_saved(self.global_step, step_uri)  # progress record, Prometheus
+        ck.apply_retention(self.ckpt_root, retained_steps(self.config.trainer, self.use_critic), log=self.log)
+        return step_uri
+
+    def _save_trainer_state(self, step_uri: str, extra: dict[str, Any]) -> None:
         state = ck.TrainerState(
             global_step=self.global_step,
             dataloader=self.train_dataloader.state_dict(),
             rng=ck.capture_rng_state(),
             wandb_run_id=self.tracker.wandb_run_id if self.tracker else None,
-            extra={"kl_ctrl": self.kl_ctrl.state_dict()} if self.kl_ctrl is not None else {},
+            extra=extra,
         )
         ck.save_trainer_state(step_uri, state)
         ck.commit_step(self.ckpt_root, self.global_step)
-        if self.tracker is not None:
-            self.tracker.checkpoint_saved(self.global_step, step_uri)  # progress record, Prometheus
-        ck.apply_retention(self.ckpt_root, retained_steps(self.config.trainer, self.use_critic), log=self.log)
-        return step_uri
 
     def _resume(self) -> ck.TrainerState | None:
         """Load the step chosen by trainer.resume_mode; return its trainer state, or None on a fresh start."""
@@ -446,6 +528,10 @@ class RayPPOTrainer:
         ck.restore_rng_state(state.rng)
         if self.kl_ctrl is not None and "kl_ctrl" in state.extra:
             self.kl_ctrl.load_state_dict(state.extra["kl_ctrl"])
+        if self.streaming and "async" in state.extra:
+            stream_state = dict(state.extra["async"])
+            stream_state.pop("actor_version", None)
+            self._stream_state = (stream_state, ck.load_rollout_queue(step_uri))
         self.global_step = state.global_step
         self.log(f"resumed from {step_uri} (global step {self.global_step})")
         return state
@@ -471,6 +557,8 @@ class RayPPOTrainer:
         )
 
     def _epoch(self) -> int:
+        if self.streaming and self.workers.rollout_service.stream is not None:
+            return int(self.workers.rollout_service.stream.epoch)
         state = self.train_dataloader.state_dict()
         return int(state.get("epoch", 0)) if isinstance(state, dict) else 0
 

@@ -11,8 +11,13 @@
 Batches: `generate_sequences` expects one row per sample (the trainer repeats prompts n times,
 interleaved, before calling) unless `prompts.meta_info["n"]` asks this worker to repeat them.
 Checkpoints (`save_checkpoint(dir_uri)` / `load_checkpoint(dir_uri)`): full, world-size-independent
-state dicts gathered collectively on all ranks; rank 0 writes `model.pt`, `optimizer.pt` and
-`extra_state.pt` (lr scheduler) under `dir_uri` through fsspec.
+state dicts gathered collectively on all ranks; rank 0 writes `model.pt` (LoRA: `lora_adapter/`),
+`optimizer.pt`, `extra_state.pt` (lr scheduler) and `huggingface/` (config, tokenizer) under `dir_uri`
+through fsspec (see `hybridflow.workers.ckpt_io`).
+
+LoRA (`model.lora_rank > 0`): the reference policy is the actor's own engine with the adapter disabled,
+so a `ref` role next to the actor builds no second model; every weight the rollout receives (colocated,
+split group, server replicas through `full_state_dict_rank0`) is the merged model under HF names.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from hybridflow.controller import Dispatch, Worker, register
 from hybridflow.engines.actor import PPOActor
 from hybridflow.engines.critic import PPOCritic
 from hybridflow.engines.fsdp_engine import FSDPEngine
+from hybridflow.engines.lora import lora_enabled
 from hybridflow.protocol import DataProto
 from hybridflow.workers.ckpt_io import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.cpu_slots import cpu_threads
@@ -124,11 +130,24 @@ class ActorRolloutRefWorker(_DistributedWorker):
             )
             self.actor = PPOActor(engine, actor_cfg, seed=seed)
         if "ref" in self.roles:
-            engine = self._engine(path, model_config=arr.model, fsdp_config=arr.ref.fsdp_config)
-            self.ref = PPOActor(engine, arr.actor, seed=seed)
+            self.ref = self._build_ref(path, seed)
         if "rollout" in self.roles:
             self.rollout = self._build_rollout(path)
             self._sync_rollout()
+
+    def _build_ref(self, path: str, seed: int) -> PPOActor:
+        """The reference policy: a frozen copy of the model, or with LoRA the actor's base model (adapter off)."""
+        arr = self.config.actor_rollout_ref
+        if self.actor is not None and self.actor.engine.lora:
+            return PPOActor(self.actor.engine, arr.actor, seed=seed)  # no second copy of the weights
+        if lora_enabled(arr.model):
+            raise ValueError(
+                f"worker role {self.role!r}: with LoRA (actor_rollout_ref.model.lora_rank > 0) the reference policy is "
+                "the actor's base model with the adapter disabled, so the reference must live in the actor's worker "
+                "(role actor_ref or actor_rollout_ref), not in a group of its own"
+            )
+        engine = self._engine(path, model_config=arr.model, fsdp_config=arr.ref.fsdp_config)
+        return PPOActor(engine, arr.actor, seed=seed)
 
     def _build_rollout(self, path: str) -> Any:
         from hybridflow.engines.fsdp_engine import import_external_lib
@@ -185,9 +204,10 @@ class ActorRolloutRefWorker(_DistributedWorker):
             raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r}, which has no ref")
         self._temperature(data)
         ref = self.config.actor_rollout_ref.ref
-        log_probs, _ = self.ref.compute_log_prob(
-            data, ref.log_prob_micro_batch_size_per_gpu, max_token_len=log_prob_budget(ref)
-        )
+        with self.ref.engine.adapter_disabled():  # LoRA: the base model; otherwise the frozen copy as it is
+            log_probs, _ = self.ref.compute_log_prob(
+                data, ref.log_prob_micro_batch_size_per_gpu, max_token_len=log_prob_budget(ref)
+            )
         return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
 
     @register(Dispatch.DP_COMPUTE_PROTO)
@@ -205,7 +225,8 @@ class ActorRolloutRefWorker(_DistributedWorker):
 
     @register(Dispatch.ONE_TO_ALL)
     def full_state_dict_rank0(self) -> dict[str, torch.Tensor]:
-        """The actor's full weights on CPU at rank 0 ({} elsewhere); a collective, for split weight sync."""
+        """The actor's full weights (LoRA: merged, HF names) on CPU at rank 0 ({} elsewhere); a collective, for
+        split weight sync and the server-mode replicas."""
         if self.actor is None:
             raise RuntimeError(f"role {self.role!r} has no actor weights to export")
         return self.actor.engine.full_state_dict(rank0_only=True)

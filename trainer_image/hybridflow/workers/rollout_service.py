@@ -20,6 +20,7 @@ from typing import Any
 from hybridflow.agent.base import TokenOutput
 from hybridflow.agent.manager import AgentLoopManager, EventLoopThread
 from hybridflow.agent.router import ReplicaUnavailable, Router
+from hybridflow.agent.stream import GroupStream, PromptCursor, VersionedServer
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,15 @@ class RayReplicaClient:
         except (rex.RayActorError, rex.ActorUnavailableError) as err:
             raise ReplicaUnavailable(str(err)) from err
 
+    async def abort(self, *, request_id: str) -> None:
+        """Cancel a request on the replica (its `generate` returns what it had, finish_reason abort)."""
+        import ray.exceptions as rex
+
+        try:
+            await self.handle.abort.remote(request_id)
+        except (rex.RayActorError, rex.ActorUnavailableError) as err:
+            raise ReplicaUnavailable(str(err)) from err
+
 
 def replica_count(config: Any, world_size: int) -> int:
     """`rollout.replicas`, else one per tensor-parallel group of the actor's GPUs (verl's sizing); on CPU one,
@@ -128,7 +138,12 @@ class RolloutService:
         ray.get([r.ready.remote() for r in self.replicas])
         self.events = EventLoopThread()
         self.router = self.events.run(self._make_router())
-        self.manager = AgentLoopManager(config, tokenizer, self.router, events=self.events)
+        self.asynchronous = config.async_training.enabled
+        # Asynchronous training: the loops talk to the replicas through a server that stamps every token
+        # with its weight version and can pause generations for a weight push (`hybridflow.agent.stream`).
+        self.server = VersionedServer(self.router) if self.asynchronous else None
+        self.manager = AgentLoopManager(config, tokenizer, self.server or self.router, events=self.events)
+        self.stream: GroupStream | None = None
         self.version = 0
         self.generating = False
         self._weights: Any = None  # object ref of the latest full state dict, for replicas that rejoin
@@ -138,7 +153,13 @@ class RolloutService:
 
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Trajectories for every row (see `AgentLoopManager.generate_sequences`); on GPU the replicas sleep
-        (vLLM sleep mode, weights and KV cache released) while the trainer has the devices."""
+        (vLLM sleep mode, weights and KV cache released) while the trainer has the devices. In asynchronous
+        training the replicas own their devices and keep serving the stream (validation runs beside it, on
+        the weights last pushed)."""
+        if self.asynchronous:
+            if self.stream is not None:
+                self.events.run(self.stream.wait_synced())
+            return self.manager.generate_sequences(prompts)
         self._broadcast("wake_up")
         self.generating = True
         try:
@@ -147,16 +168,77 @@ class RolloutService:
             self.generating = False
             self._broadcast("sleep")
 
-    def update_weights(self, actor_group: Any) -> None:
-        """Gather the actor's full weights (a collective on all ranks) and load them into every replica."""
+    def update_weights(self, actor_group: Any, version: int | None = None) -> None:
+        """Gather the actor's full weights (a collective on all ranks) and load them into every replica, as
+        `version` (default: the next one)."""
         import ray
 
         self.events.run(self.router.wait_recovered())
         refs = [w.full_state_dict_rank0.remote() for w in actor_group.workers]
-        self.version += 1
+        self.version = self.version + 1 if version is None else version
         self._weights = refs[0]
         self._broadcast("load_weights", refs[0], self.version)
         ray.get(refs[1:])
+
+    # -- asynchronous training -------------------------------------------------------------------------
+    def start_stream(self, loader: Any, version: int, state: tuple[dict[str, Any], list[DataProto]] | None) -> None:
+        """Start producing groups from `loader`'s prompts with the weights of `version` already loaded, or
+        continue a checkpoint's stream (`state`: its snapshot)."""
+        cfg = self.config
+        at = cfg.async_training
+        self.server.version = version
+        self.stream = GroupStream(
+            self.manager, self.server, PromptCursor(loader),
+            groups_per_step=cfg.data.train_batch_size, n=cfg.actor_rollout_ref.rollout.n,
+            staleness_threshold=at.effective_staleness_threshold, sync_every=at.trigger_parameter_sync_step,
+            max_staleness=at.effective_max_staleness, partial_rollout=at.partial_rollout,
+            one_batch_at_a_time=at.mode == "one_step_off", meta_info={"do_sample": True},
+        )
+        self.stream.loaded_version = version
+        if state is not None:
+            self.stream.restore(*state)
+        self.events.run(self._start())
+
+    async def _start(self) -> None:
+        assert self.stream is not None
+        self.stream.start()
+
+    def take(self, groups: int, trainer_version: int) -> tuple[DataProto, dict[str, float]]:
+        """The next training batch from the stream (see `GroupStream.take`)."""
+        assert self.stream is not None, "start_stream first"
+        return self.events.run(self.stream.take(groups, trainer_version))
+
+    def publish_weights(self, actor_group: Any, version: int) -> None:
+        """Gather the actor's weights now; the stream loads them into every replica at its next sync point
+        while the trainer goes on."""
+        import ray
+
+        assert self.stream is not None, "start_stream first"
+        refs = [w.full_state_dict_rank0.remote() for w in actor_group.workers]
+        ray.get(refs[1:])
+        self._weights, self.version = refs[0], version
+        self.events.run(self.stream.publish(lambda: self._load_all(refs[0], version), version))
+
+    async def _load_all(self, weights: Any, version: int) -> None:
+        """Load `weights` into every live replica; a dead one is handed to the router's recovery."""
+        await self.router.wait_recovered()
+        results = await asyncio.gather(*(r.load_weights.remote(weights, version) for r in self.replicas),
+                                       return_exceptions=True)
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                logger.warning("rollout replica %d is down during a weight push (%s); it rejoins with the "
+                               "current weights once Ray restarts it", index, type(result).__name__)
+                self.router.mark_failed(index)
+
+    def snapshot(self) -> tuple[dict[str, Any], list[DataProto]]:
+        """The stream's state for a checkpoint (it pauses until `release`)."""
+        assert self.stream is not None
+        return self.events.run(self.stream.snapshot())
+
+    def release(self) -> None:
+        """Let the stream produce again after a checkpoint."""
+        if self.stream is not None:
+            self.events.run(self.stream.release())
 
     def _broadcast(self, method: str, *args: Any) -> None:
         """Call `method` on every replica; one that is dead or restarting is handed to the router, whose
@@ -193,7 +275,7 @@ class RolloutService:
             raise RuntimeError(f"rollout replica {index} did not come back after a failure; see its log")
         if self._weights is not None:
             await replica.load_weights.remote(self._weights, self.version)
-        if not self.generating:  # it came back while the trainer has the devices
+        if not self.generating and not self.asynchronous:  # it came back while the trainer has the devices
             await replica.sleep.remote()
         logger.warning("rollout replica %d restarted and resynced to weight version %d", index, self.version)
 
@@ -201,6 +283,8 @@ class RolloutService:
         """Kill the replicas and stop the event loop."""
         import ray
 
+        if self.stream is not None:
+            self.events.run(self.stream.close())
         self.events.run(self.router.close())
         for replica in self.replicas:
             ray.kill(replica, no_restart=True)
