@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -29,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "tiny_grpo_async.yaml"
 MODES = {
-    "sync": ["async_training.mode=sync", "algorithm.rollout_correction.bypass_mode=true"],  # no extra old-log-prob pass either
+    "sync": ["async_training.mode=sync"],  # the same decoupled correction: pi_old recomputed, IS weights ~1
     "one_step_off": ["async_training.mode=one_step_off"],
     "fully_async": ["async_training.mode=fully_async", "async_training.staleness_threshold=0.5",
                     "async_training.partial_rollout=true"],
@@ -39,6 +40,7 @@ MODES = {
 def run_mode(name: str, base: dict[str, str], args: argparse.Namespace, out: Path) -> list[dict]:
     """Train in one mode; return its JSONL metric rows."""
     root = out / name
+    shutil.rmtree(root, ignore_errors=True)  # a previous run's metrics.jsonl would be appended to
     overrides = {**base, "trainer.default_local_dir": str(root), "trainer.total_training_steps": str(args.steps),
                  "data.train_batch_size": str(args.batch), "actor_rollout_ref.rollout.n": str(args.n),
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": str(args.micro),

@@ -28,7 +28,7 @@ class AsyncVLLMEngine:
     """One `AsyncLLM` replica: `generate`, `abort`, `load_weights`, `sleep` / `wake_up`."""
 
     def __init__(self, model_path: str, config: Any, device: str, response_length: int, prompt_length: int,
-                 **engine_overrides: Any) -> None:
+                 cpu_cores: int | None = None, **engine_overrides: Any) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -36,7 +36,7 @@ class AsyncVLLMEngine:
         kwargs = VLLMRollout.engine_kwargs(model_path, config, dev, response_length, prompt_length)
         kwargs.update(engine_overrides)
         if dev.type == "cpu":
-            bind_cpu_threads()
+            bind_cpu_threads(cpu_cores)
         if kwargs.get("distributed_executor_backend") == "external_launcher":
             kwargs.pop("distributed_executor_backend")  # a replica is not inside the trainer's world
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))

@@ -40,13 +40,17 @@ except ImportError as err:  # the registry turns this into its install advice
     raise ImportError(f"{INSTALL_HINT} ({err})") from err
 
 
-def bind_cpu_threads() -> None:
-    """vLLM-CPU's OpenMP threads on every core; a value the user already set wins.
+def bind_cpu_threads(cores: int | None = None) -> None:
+    """vLLM-CPU's OpenMP threads on every core, or on the last `cores` of them (a split-placement replica
+    leaves the others to the trainer); a value the user already set wins.
 
     "auto" binds one NUMA node's cores minus reserved ones; on small machines a core then idles.
     """
     n = os.cpu_count() or 1
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{n - 1}" if n > 1 else "0")
+    first = max(0, n - cores) if cores else 0
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{first}-{n - 1}" if n - first > 1 else str(first))
+    if cores:
+        os.environ["OMP_NUM_THREADS"] = str(n - first)
 
 
 def _cpu_environment() -> None:

@@ -33,6 +33,7 @@ class RolloutReplica:
     def __init__(self, config: Any, replica_rank: int = 0) -> None:
         from hybridflow.engines.fsdp_engine import import_external_lib
         from hybridflow.rollout.async_vllm import AsyncVLLMEngine
+        from hybridflow.workers.cpu_slots import cpu_threads
         from hybridflow.workers.fsdp_workers import as_config
 
         cfg = as_config(config)
@@ -40,12 +41,15 @@ class RolloutReplica:
         import_external_lib(arr.model.external_lib)
         ro = arr.rollout
         self.rank = replica_rank
+        split_cpu = cfg.trainer.device != "cuda" and cfg.trainer.placement == "split"
         self.engine = AsyncVLLMEngine(
             str(arr.model.path),
             ro,
             "cuda" if cfg.trainer.device == "cuda" else "cpu",
             int(ro.response_length or cfg.data.max_response_length),
             int(ro.prompt_length or cfg.data.max_prompt_length),
+            # split placement on CPU: the replica's threads on its own slot's cores, the trainer's on the others
+            cpu_cores=cpu_threads(cfg) if split_cpu else None,
         )
         self.weights_version = -1
 
