@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -37,8 +38,49 @@ MODES = {
 }
 
 
-def run_mode(name: str, base: dict[str, str], args: argparse.Namespace, out: Path) -> list[dict]:
-    """Train in one mode; return its JSONL metric rows."""
+#: Which process a CPU second belongs to, by command line (Ray actors are named `ray::<Class>...`).
+ROLES = (("rollout", ("RolloutReplica", "EngineCore", "VllmWorker")), ("trainer", ("ActorRolloutRefWorker",)),
+         ("driver", ("hybridflow.trainer.main_ppo",)))
+
+
+class CpuProfile:
+    """CPU seconds (user + system) per role over a run: the driver (agent loops, router client, reward,
+    batching), the trainer process, the rollout replica (vLLM); sampled every 0.5 s, last value per pid."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(0.5):
+            for proc in psutil.process_iter(["pid", "cmdline", "cpu_times"]):
+                cmd = " ".join(proc.info["cmdline"] or [])
+                role = next((r for r, marks in ROLES if any(m in cmd for m in marks)), None)
+                if role and proc.info["cpu_times"] is not None:
+                    times = proc.info["cpu_times"]
+                    self.seconds[proc.info["pid"]] = (role, times.user + times.system)
+
+    def __enter__(self) -> CpuProfile:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def by_role(self) -> dict[str, float]:
+        """CPU seconds per role."""
+        out = {role: 0.0 for role, _ in ROLES}
+        for role, seconds in self.seconds.values():
+            out[role] += seconds
+        return out
+
+
+def run_mode(name: str, base: dict[str, str], args: argparse.Namespace, out: Path) -> tuple[list[dict], dict[str, float]]:
+    """Train in one mode; return its JSONL metric rows and CPU seconds per role."""
     root = out / name
     shutil.rmtree(root, ignore_errors=True)  # a previous run's metrics.jsonl would be appended to
     overrides = {**base, "trainer.default_local_dir": str(root), "trainer.total_training_steps": str(args.steps),
@@ -50,11 +92,12 @@ def run_mode(name: str, base: dict[str, str], args: argparse.Namespace, out: Pat
            *(f"{k}={v}" for k, v in overrides.items()), *MODES[name]]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "trainer_image"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    with (out / f"{name}.log").open("w") as log:
+    with (out / f"{name}.log").open("w") as log, CpuProfile() as profile:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed; see {out / f'{name}.log'}")
-    return [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return rows, profile.by_role()
 
 
 def summarize(rows: list[dict]) -> dict[str, float]:
@@ -88,13 +131,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     base = {k: v for k, v in prepare(out / "demo").items() if k != "trainer.default_local_dir"}
-    results = {name: run_mode(name, base, args, out) for name in MODES}
+    runs = {name: run_mode(name, base, args, out) for name in MODES}
+    results = {name: rows for name, (rows, _) in runs.items()}
     summary = {name: summarize(rows) for name, rows in results.items()}
     print(f"{'mode':<14}{'steps/min':>10}{'step s':>9}{'wait s':>9}{'update s':>10}{'reward 1-3':>12}"
           f"{'reward last5':>14}{'max lag':>9}")
     for name, s in summary.items():
         print(f"{name:<14}{s['steps_per_minute']:>10.1f}{s['step_s']:>9.2f}{s['wait_s']:>9.2f}{s['update_s']:>10.2f}"
               f"{s['reward_first3']:>12.3f}{s['reward_last5']:>14.3f}{s['staleness_max']:>9.0f}")
+    print("CPU seconds per step by process (whole run incl. start-up / steps):")
+    for name, (_, cpu) in runs.items():
+        print(f"  {name:<14}" + "  ".join(f"{role} {seconds / args.steps:.2f}" for role, seconds in cpu.items()))
     for name, rows in results.items():
         curve = [round(r["critic/score/mean"], 2) for r in rows if "critic/score/mean" in r]
         print(f"reward by step, {name}: {curve}")

@@ -38,7 +38,7 @@ def test_a_group_size_that_does_not_divide_the_ranks_is_refused(model_dir: str) 
     engine = FSDPEngine.__new__(FSDPEngine)
     engine.world_size, engine.device = 4, torch.device("cpu")
     with pytest.raises(ValueError, match="fsdp_size=3 does not divide the 4 ranks"):
-        engine._shard(torch.nn.Linear(2, 2), {"fsdp_size": 3})
+        engine._shard(torch.nn.Linear(2, 2), {"fsdp_size": 3}, set())
 
 
 def test_gpu_shard_policies_mixed_precision_and_offload_keys() -> None:

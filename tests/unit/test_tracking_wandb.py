@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -165,9 +166,14 @@ def test_validation_generations_become_a_growing_table(offline_wandb: Path) -> N
     run.log_generations([("What is 2+2?", "5", 0.0)], step=2)
     run.finish()
     (folder,) = run_folders(offline_wandb, str(run.wandb_run_id))
-    _, history = logged(folder)
-    # a table is recorded as nested keys: val/generations/{_type,nrows,ncols,path,...}
-    tables = {step: row for step, row in history.items() if "val/generations/nrows" in row}
+    # a table is recorded as nested keys: val/generations/{_type,nrows,ncols,path,...}; the wandb-core service
+    # may still be writing the run file's last records when finish() returns on a loaded machine
+    for _ in range(40):
+        _, history = logged(folder)
+        tables = {step: row for step, row in history.items() if "val/generations/nrows" in row}
+        if len(tables) == 2:
+            break
+        time.sleep(0.5)
     assert sorted(tables) == [0, 2]
     assert tables[0]["val/generations/_type"] == "table-file" and tables[0]["val/generations/ncols"] == 4
     assert tables[0]["val/generations/nrows"] == 1
