@@ -266,6 +266,13 @@ def run(cfg: HybridFlowConfig) -> int:
     return step
 
 
+def print_config_problems(exc: ConfigError) -> None:
+    """Every problem of an invalid config on stderr, one per line (the trainers' CLIs exit 2 after it)."""
+    print(f"invalid trainer config ({len(exc.problems)} problem(s)):", file=sys.stderr)
+    for problem in exc.problems:
+        print(f"  - {problem}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: parse, validate, run; print config problems and exit 2 on invalid input."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -275,9 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg, notes = load_run_config(args)
     except ConfigError as exc:
-        print(f"invalid trainer config ({len(exc.problems)} problem(s)):", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
+        print_config_problems(exc)
         return 2
     except FileNotFoundError as exc:
         print(f"{exc}; pass an existing YAML file. {USAGE}", file=sys.stderr)

@@ -303,9 +303,9 @@ def main(argv: Sequence[str] | None, recipe: OfflineRecipe, doc: str | None = No
         config = load_offline_config(path, overrides, recipe)
         config.validate_for_run()
     except ConfigError as exc:
-        print(f"invalid trainer config ({len(exc.problems)} problem(s)):", file=sys.stderr)
-        for problem in exc.problems:
-            print(f"  - {problem}", file=sys.stderr)
+        from hybridflow.trainer.main_ppo import print_config_problems
+
+        print_config_problems(exc)
         return 2
     except FileNotFoundError as exc:
         print(f"{exc}; pass an existing YAML file. {usage}", file=sys.stderr)

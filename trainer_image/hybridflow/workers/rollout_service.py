@@ -198,7 +198,6 @@ class RolloutService:
             max_staleness=at.effective_max_staleness, partial_rollout=at.partial_rollout,
             one_batch_at_a_time=at.mode == "one_step_off", meta_info={"do_sample": True},
         )
-        self.stream.loaded_version = version
         if state is not None:
             self.stream.restore(*state)
         self.events.run(self._start())
