@@ -22,6 +22,8 @@ INDEX = np.array(["a", "b", "a", "c", "d", "a", "b", "d"], dtype=object)
 LENGTHS = [5, 3, 6, 2, 4, 1, 6, 0]
 SCORES = [1.0, 0.0, 0.5, 2.0, 1.0, -1.0, 1.5, 1.0]
 BS, T = len(INDEX), 6
+# grpo_passk needs two responses per group: the same rows with "c" folded into "a".
+PAIRED_INDEX = np.array(["a", "b", "a", "a", "d", "a", "b", "d"], dtype=object)
 
 
 def _mask() -> torch.Tensor:
@@ -197,6 +199,7 @@ def _full_kwargs(rewards: torch.Tensor, **over: object) -> dict[str, object]:
         config=None,
         old_log_probs=-torch.linspace(0.5, 3.0, BS * T).reshape(BS, T),
         ref_log_prob=torch.full((BS, T), -1.5),
+        sum_pi_squared=torch.linspace(0.05, 0.9, BS * T).reshape(BS, T),
     )
     kwargs.update(over)
     return kwargs
@@ -285,6 +288,8 @@ def test_every_estimator_takes_the_same_call_and_respects_the_mask(name: str) ->
     rewards = _outcome_rewards()
     kwargs = _full_kwargs(rewards, gamma=0.99, lam=0.95, config={"gamma": 0.99, "lam": 0.95})
     kwargs["unused_future_argument"] = 123  # **kwargs tolerated
+    if name == "grpo_passk":
+        kwargs["index"] = PAIRED_INDEX
     adv, ret = get_adv_estimator_fn(name)(**kwargs)
     mask = _mask()
     assert adv.shape == ret.shape == (BS, T)
@@ -296,7 +301,7 @@ def test_every_estimator_takes_the_same_call_and_respects_the_mask(name: str) ->
 @pytest.mark.parametrize("name", sorted(ADV_ESTIMATOR_REGISTRY))
 def test_bf16_inputs_close_to_fp32(name: str) -> None:
     rewards = _outcome_rewards() + 0.25 * _dense_rewards()
-    base = _full_kwargs(rewards, gamma=0.99, lam=0.95)
+    base = _full_kwargs(rewards, gamma=0.99, lam=0.95, **({"index": PAIRED_INDEX} if name == "grpo_passk" else {}))
     low = dict(base)
     for key in ("token_level_rewards", "response_mask", "values", "reward_baselines"):
         low[key] = base[key].to(torch.bfloat16)  # type: ignore[union-attr]
@@ -332,9 +337,9 @@ def test_fully_masked_batch_gives_zeros_not_nan() -> None:
     mask = torch.zeros(4, 3)
     for name in sorted(ADV_ESTIMATOR_REGISTRY):
         adv, ret = get_adv_estimator_fn(name)(
-            token_level_rewards=torch.zeros(4, 3), response_mask=mask, index=np.array(["x", "x", "y", "z"]),
+            token_level_rewards=torch.zeros(4, 3), response_mask=mask, index=np.array(["x", "x", "y", "y"]),
             values=torch.zeros(4, 3), reward_baselines=torch.zeros(4), old_log_probs=torch.zeros(4, 3),
-            ref_log_prob=torch.zeros(4, 3),
+            ref_log_prob=torch.zeros(4, 3), sum_pi_squared=torch.zeros(4, 3),
         )
         assert torch.equal(adv, torch.zeros(4, 3)) and torch.equal(ret, torch.zeros(4, 3)), name
 

@@ -188,8 +188,18 @@ def test_known_name_constants() -> None:
         "opo",
         "gpg",
         "online_dpo",
+        "grpo_passk",
+        "gdpo",
+        "grpo_vectorized",
+        "rloo_vectorized",
+        "gae_vectorized",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
     )
-    assert POLICY_LOSSES == ("vanilla", "gspo", "gpg", "cispo")
+    assert POLICY_LOSSES == (
+        "vanilla", "gspo", "gpg", "cispo", "sapo", "geo_mean", "clip_cov", "kl_cov", "up", "dppo_tv", "dppo_kl", "dro",
+        "bypass_mode",
+    )
     assert "low_var_kl+" in KL_PENALTIES and len(KL_PENALTIES) == 11
     assert LOSS_AGG_MODES[0] == "token-mean" and len(LOSS_AGG_MODES) == 4
     assert ROLLOUT_NAMES == ("vllm", "sglang", "hf")

@@ -133,8 +133,8 @@ def test_dapo_manager_applies_overlong_shaping(tokenizer: Any) -> None:
 
 
 def test_config_errors() -> None:
-    with pytest.raises(ValueError, match="reward_manager='prime'.*naive, dapo, batch"):
-        RewardManager(kind="prime")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reward_manager='collabllm'.*naive, dapo, batch, prime"):
+        RewardManager(kind="collabllm")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="needs reward_model.reward_manager=dapo"):
         RewardManager(overlong_buffer_enable=True, max_response_length=8, overlong_buffer_len=2)
     with pytest.raises(ValueError, match="overlong_buffer.len=9 must be between 1 and"):

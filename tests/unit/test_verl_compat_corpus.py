@@ -41,10 +41,14 @@ BROKEN_IN_VERL = {
     # micro-batch of 8, which verl asserts too (they were refused for algorithm.rollout_correction before it landed).
     "examples/rollout_correction/run_with_rollout_corr.sh": "ppo_micro_batch_size_per_gpu: 8 does not divide the 4",
     "examples/rollout_correction/run_with_rollout_corr_multi_rs.sh": "ppo_micro_batch_size_per_gpu: 8 does not divide the 4",
+    # Ulysses size 4 on 2 GPUs: verl's data-parallel size world // sp is 0, so its (dp, sp) device mesh cannot be
+    # built (and ppo_mini_batch_size //= 0); they were refused for Ulysses before it landed.
+    "recipe/langgraph_agent/example/run_qwen2.5_3b.sh": "ulysses_sequence_parallel_size: 4 does not divide the 2 ranks",
+    "recipe/langgraph_agent/example/run_gpt_oss_20b_bf16.sh": "ulysses_sequence_parallel_size: 4 does not divide the 2",
 }
 
 #: Accepted lines now; raise it when a feature lands, so that a regression fails.
-ACCEPTED_FLOOR = 42
+ACCEPTED_FLOOR = 70
 
 
 def _corpus() -> list[dict[str, Any]]:

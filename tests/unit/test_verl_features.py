@@ -70,17 +70,16 @@ def test_every_feature_message_says_not_supported_or_not_yet_and_what_to_do() ->
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
          "actor_rollout_ref.actor.megatron: verl's Megatron-LM backend is not supported by HybridFlow; FSDP2 only"),
         ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy: verl's Megatron-LM backend"),
-        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "Ulysses sequence parallelism (size > 1) is not built"),
-        ("actor_rollout_ref.model.use_fused_kernels=true", "the fused log-prob kernel path"),
+        ("reward_model.ulysses_sequence_parallel_size=2",
+         "Ulysses sequence parallelism for the reward model (size > 1) is not built"),
+        ("actor_rollout_ref.model.enable_activation_offload=true", "verl's activation offload"),
         ("data.image_key=images", "data.image_key: multimodal (image/video) input is not built in HybridFlow yet"),
         ("critic.model.lora_rank=32", "critic.model.lora_rank: LoRA for the critic (critic.model.lora_*) is not built"),
         ("actor_rollout_ref.model.lora.rank=32", "actor_rollout_ref.model.lora: verl's Megatron LoRA section"),
         ("actor_rollout_ref.rollout.name=trtllm", "the TensorRT-LLM rollout engine is not supported by HybridFlow; use "),
-        ("actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "this verl policy loss is not built in HybridFlow yet"),
-        ("algorithm.adv_estimator=optimal_token_baseline", "this verl advantage estimator is not built"),
-        ("reward_model.reward_manager=prime", "this verl reward manager is not built"),
-        ("trainer.logger=[console,mlflow]", "trainer.logger[1]: this verl logger or log folder is not built"),
-        ("+global_profiler.tool=nsys", "global_profiler: verl's profiler"),
+        ("reward_model.reward_manager=collabllm", "this verl reward manager is not built"),
+        ("trainer.logger=[console,swanlab]", "trainer.logger[1]: "),
+        ("+global_profiler.tool=nsys", "global_profiler.tool: verl's nsys, npu and torch_memory profilers is not"),
         ("actor_rollout_ref.rollout.tensor_model_parallel_size=16",
          "more than a node has (8): rollout tensor parallelism across nodes is not built in HybridFlow yet"),
     ],
@@ -100,20 +99,21 @@ def test_a_typo_is_still_an_unknown_key_with_a_suggestion() -> None:
 
 def test_a_key_accepted_without_effect_is_dropped_and_noted() -> None:
     cfg = load_config(None, [
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
-        "actor_rollout_ref.actor.use_torch_compile=false",
+        "reward_model.ulysses_sequence_parallel_size=1",
+        "actor_rollout_ref.actor.entropy_from_logits_with_chunking=true",
         "trainer.use_legacy_worker_impl=auto",
     ])
-    assert "ulysses_sequence_parallel_size" not in str(cfg.to_dict())
+    assert "ulysses_sequence_parallel_size" not in str(cfg.to_dict()["reward_model"])
     (note,) = cfg.verl_notes
-    assert note.startswith("accepted without effect here: actor_rollout_ref.actor.ulysses_sequence_parallel_size=1 (")
-    assert "use_torch_compile=false" in note and "trainer.use_legacy_worker_impl=auto" in note
+    assert note.startswith("accepted without effect here: reward_model.ulysses_sequence_parallel_size=1 (")
+    assert "entropy_from_logits_with_chunking=true (entropy is always computed" in note and "trainer.use_legacy_worker_impl=auto" in note
     assert load_config(None, []).verl_notes == []
 
 
 def test_true_is_not_the_accepted_1() -> None:
-    """`ulysses_sequence_parallel_size=true` is not size 1: refused, not dropped."""
-    assert "Ulysses" in _problems(["critic.ulysses_sequence_parallel_size=true"])[0]
+    """`ulysses_sequence_parallel_size=true` is not size 1: refused, not dropped (a field or a table entry)."""
+    assert "Ulysses" in _problems(["reward_model.ulysses_sequence_parallel_size=true"])[0]
+    assert "expected a number, not true or false" in _problems(["critic.ulysses_sequence_parallel_size=true"])[0]
 
 
 def test_optim_clip_grad_is_verls_name_for_grad_clip() -> None:

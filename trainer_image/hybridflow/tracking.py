@@ -1,4 +1,4 @@
-"""Experiment loggers: console, JSONL file, TensorBoard and W&B behind one `Tracking.log(data, step)`.
+"""Experiment loggers: console, JSONL file, TensorBoard, W&B and MLflow behind one `Tracking.log(data, step)`.
 
 Metric names follow verl (`critic/score/mean`, `actor/pg_loss`, `actor/entropy`, `actor/ppo_kl`,
 `response_length/mean`, `perf/throughput`, `timing_s/gen`, ...), so dashboards built for verl work.
@@ -20,7 +20,8 @@ import fsspec
 
 from hybridflow.progress import summarize_metrics
 
-BACKENDS = ("console", "file", "tensorboard", "wandb", "prometheus")
+BACKENDS = ("console", "file", "tensorboard", "wandb", "mlflow", "prometheus")
+MLFLOW_DIR = "mlruns"  # the MLflow file store beside the checkpoints, when $MLFLOW_TRACKING_URI is not set
 FILE_LOGGER_ENV = "HYBRIDFLOW_FILE_LOGGER_PATH"
 METRICS_FILE = "metrics.jsonl"
 GENERATIONS_FILE = "val_generations.jsonl"  # trainer.log_val_generations, beside the metrics file
@@ -217,6 +218,91 @@ class WandbLogger:
         self.run.finish()
 
 
+class MlflowLogger:
+    """An MLflow run: experiment = project name, run name = experiment name (verl's mapping); the config as params.
+
+    The tracking store is $MLFLOW_TRACKING_URI when set (a server, or sqlite:/// with the full `mlflow` package),
+    else an MLflow file store `<default_local_dir>/mlruns` (`./mlruns` when the checkpoints are remote).
+    Metric names keep verl's, with `@` written `_at_` (MLflow refuses it, as verl does).
+    """
+
+    def __init__(
+        self, project: str, name: str, config: Mapping[str, Any] | None, tracking_uri: str
+    ) -> None:
+        try:
+            import mlflow
+        except ImportError as exc:
+            raise RuntimeError(
+                "trainer.logger includes 'mlflow' but mlflow is not installed: run `pip install mlflow-skinny` "
+                "(or mlflow), or remove 'mlflow' from trainer.logger."
+            ) from exc
+        self._mlflow = mlflow
+        if tracking_uri.startswith("file:") or "://" not in tracking_uri:
+            # MLflow 3 keeps its file store in maintenance mode and asks for this opt-in; it is the only store
+            # mlflow-skinny can write without a server or SQLAlchemy.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+        experiment = self.client.get_experiment_by_name(project)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(project)
+        self.run = self.client.create_run(experiment_id, run_name=name)
+        self.run_id: str = self.run.info.run_id
+        self.tracking_uri = tracking_uri
+        params = flatten_params(config or {})
+        if params:
+            from mlflow.entities import Param
+
+            items = [Param(k, v) for k, v in params.items()]
+            for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+                self.client.log_batch(self.run_id, params=items[start : start + 100])
+
+    def log(self, data: Mapping[str, float | None], step: int) -> None:
+        from mlflow.entities import Metric
+
+        stamp = _now_ms()
+        metrics = [
+            Metric(key.replace("@", "_at_"), value, stamp, step) for key, value in data.items() if value is not None
+        ]
+        for start in range(0, len(metrics), 1000):  # MLflow's limit per batch
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
+    def log_generations(self, samples: Sequence[tuple[str, str, float]], step: int) -> None:
+        """The samples as a JSON artifact `val_generations/step_<N>.json` of the run."""
+        rows = [{"input": i, "output": o, "score": score} for i, o, score in samples]
+        self.client.log_text(self.run_id, json.dumps(rows), f"val_generations/step_{step}.json")
+
+    def finish(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def flatten_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """The config as MLflow params: nested keys joined by `/`, list items by index, values as text (<= 6000 chars)."""
+    out: dict[str, str] = {}
+    items: Any = config.items() if isinstance(config, Mapping) else enumerate(config)
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping | list | tuple) and value:
+            out.update(flatten_params(value, f"{name}/"))  # type: ignore[arg-type]
+        else:
+            out[name] = str(value)[:6000]
+    return out
+
+
+def resolve_mlflow_uri(default_local_dir: str | None, env: Mapping[str, str] | None = None) -> str:
+    """$MLFLOW_TRACKING_URI, else a file store under <default_local_dir>/mlruns (./mlruns for a remote folder)."""
+    env = os.environ if env is None else env
+    if env.get("MLFLOW_TRACKING_URI"):
+        return env["MLFLOW_TRACKING_URI"]
+    root = str(default_local_dir or "").removeprefix("file://")
+    folder = os.path.join(root, MLFLOW_DIR) if root and "://" not in root else MLFLOW_DIR
+    return "file://" + os.path.abspath(folder)
+
+
 def resolve_file_logger_path(default_local_dir: str | None, env: Mapping[str, str] | None = None) -> str:
     """Return $HYBRIDFLOW_FILE_LOGGER_PATH, else `<default_local_dir>/metrics.jsonl`."""
     env = os.environ if env is None else env
@@ -261,6 +347,10 @@ class Tracking:
             wandb_logger = WandbLogger(project_name, experiment_name, config, wandb_run_id)
             self.wandb_run_id = wandb_logger.run_id
             self.loggers["wandb"] = wandb_logger
+        if "mlflow" in backends:
+            self.loggers["mlflow"] = MlflowLogger(
+                project_name, experiment_name, config, resolve_mlflow_uri(default_local_dir)
+            )
         if "prometheus" in backends or os.environ.get("HYBRIDFLOW_METRICS_PORT"):
             from hybridflow.prometheus import PrometheusLogger, resolve_port
 

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 
 from .async_training import RolloutCorrectionConfig
 from .common import Section
+from .data_extras import CustomDatasetClass, SamplerClass
 from .export import ExportConfig
 from .names import AdvEstimator, FilterGroupMetric, KlPenalty, LoggerName
 from .values import Location, Seed
@@ -73,6 +74,14 @@ class AlgorithmConfig(Section):
         default_factory=RolloutCorrectionConfig,
         description="Importance weights / rejection of samples the trained policy did not draw (verl's keys).",
     )
+    gdpo_reward_keys: list[str] | None = Field(
+        default=None,
+        description="gdpo: the reward components (keys of the dict the reward function returns) normalised "
+        "separately within each group before they are summed.",
+    )
+    gdpo_reward_weights: list[float] | None = Field(
+        default=None, description="gdpo: one weight per gdpo_reward_keys entry; null: 1.0 each."
+    )
 
 
 class DataConfig(Section):
@@ -95,6 +104,9 @@ class DataConfig(Section):
         default=None, gt=0, description="Prompts per validation batch; null means the whole set at once."
     )
     return_raw_chat: bool = Field(default=False, description="Also pass the un-templated chat messages on.")
+    return_full_prompt: bool = Field(
+        default=False, description="Also pass the rendered prompt text on, as `full_prompts` (verl's key)."
+    )
     shuffle: bool = Field(default=True, description="Shuffle the training data every epoch.")
     seed: Seed = Field(default=1, description="Seed of the shuffling sampler (0 to 2**32 - 1).")
     filter_overlong_prompts: bool = Field(
@@ -107,6 +119,23 @@ class DataConfig(Section):
         default=8,
         ge=0,
         description="Accepted for verl compatibility, no effect: batches are read in the driver (tokenised once).",
+    )
+    custom_cls: CustomDatasetClass = Field(
+        default_factory=CustomDatasetClass, description="A user dataset class by file path and name (verl's custom_cls)."
+    )
+    sampler: SamplerClass = Field(
+        default_factory=SamplerClass, description="A user (curriculum) sampler by file path and class name."
+    )
+    apply_chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra keyword arguments of the tokenizer's apply_chat_template when prompts are rendered (e.g. "
+        "reasoning_effort for gpt-oss, enable_thinking for Qwen3); the rendered ids are what the rollout sees.",
+    )
+    gen_batch_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="DAPO's generation batch: prompts drawn per round of dynamic sampling (algorithm.filter_groups), "
+        "which keeps drawing until train_batch_size informative groups are found; null: train_batch_size.",
     )
 
     _to_list = field_validator("train_files", "val_files", mode="before")(_as_list)

@@ -11,21 +11,31 @@ from typing import Literal, get_args
 
 AdvEstimator = Literal[
     "gae", "grpo", "rloo", "remax", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
-    "online_dpo",
+    "online_dpo", "grpo_passk", "gdpo", "grpo_vectorized", "rloo_vectorized", "gae_vectorized",
+    "optimal_token_baseline", "tir_optimal_token_baseline",
 ]
-PolicyLoss = Literal["vanilla", "gspo", "gpg", "cispo"]
+PolicyLoss = Literal[
+    "vanilla", "gspo", "gpg", "cispo", "sapo", "geo_mean", "clip_cov", "kl_cov", "up", "dppo_tv", "dppo_kl", "dro",
+    "bypass_mode",
+]
 KlPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "k1+", "k2+", "k3+", "low_var_kl+"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 RolloutName = Literal["vllm", "sglang", "hf"]
-LoggerName = Literal["console", "file", "tensorboard", "wandb", "prometheus"]
-RewardManager = Literal["naive", "dapo", "batch"]
+LoggerName = Literal["console", "file", "tensorboard", "wandb", "prometheus", "mlflow"]
+RewardManager = Literal["naive", "dapo", "batch", "prime"]
 FilterGroupMetric = Literal["acc", "score", "seq_reward", "seq_final_reward"]
 
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 """Advantage estimators (`algorithm.adv_estimator`)."""
 
-GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline", "online_dpo")
+GROUP_ESTIMATORS: tuple[str, ...] = (
+    "grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline", "online_dpo", "grpo_passk", "gdpo",
+    "grpo_vectorized", "rloo_vectorized",
+)
 """Estimators whose baseline comes from the other responses to the same prompt: need `rollout.n > 1`."""
+
+SUM_PI_SQUARED_ESTIMATORS: tuple[str, ...] = ("optimal_token_baseline", "tir_optimal_token_baseline")
+"""Estimators that read the actor's sum of pi^2 per token: need `actor.calculate_sum_pi_squared=true`."""
 
 POLICY_LOSSES: tuple[str, ...] = get_args(PolicyLoss)
 """Policy losses (`actor_rollout_ref.actor.policy_loss.loss_mode`)."""

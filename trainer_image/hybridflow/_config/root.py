@@ -21,6 +21,7 @@ from .distillation import DistillationConfig
 from .errors import RULES_ERROR, ConfigError, problems_from_validation_error
 from .groups import AlgorithmConfig, CustomRewardFunction, DataConfig, TrainerConfig
 from .interpolation import has_reference, resolve_tree
+from .profiler import GlobalProfilerConfig
 from .workers import ActorRolloutRefConfig, CriticConfig, RewardModelConfig
 
 
@@ -48,6 +49,9 @@ class HybridFlowConfig(Section):
     )
     distillation: DistillationConfig = Field(
         default_factory=DistillationConfig, description="On-policy distillation from a frozen teacher: verl's keys."
+    )
+    global_profiler: GlobalProfilerConfig = Field(
+        default_factory=GlobalProfilerConfig, description="Profiling: which steps, which tool, where traces go."
     )
 
     _verl_notes: list[str] = PrivateAttr(default_factory=list)
@@ -126,7 +130,7 @@ class HybridFlowConfig(Section):
         """Whether a critic is trained: critic.enable, or (when null) whether the estimator is gae."""
         if self.critic.enable is not None:
             return self.critic.enable
-        return self.algorithm.adv_estimator == "gae"
+        return self.algorithm.adv_estimator in ("gae", "gae_vectorized")
 
     @property
     def ref_enabled(self) -> bool:
@@ -156,6 +160,7 @@ def _fill_derived(cfg: HybridFlowConfig) -> None:
     _default(actor, "clip_ratio_high", actor.clip_ratio)
     _default(arr.model, "tokenizer_path", arr.model.path)
     _default(ref, "strategy", actor.strategy)
+    _default(ref, "ulysses_sequence_parallel_size", actor.ulysses_sequence_parallel_size)
     for role in (ref, rollout):
         _default(role, "log_prob_use_dynamic_bsz", actor.use_dynamic_bsz)
         _default(role, "log_prob_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu)
@@ -166,9 +171,22 @@ def _fill_derived(cfg: HybridFlowConfig) -> None:
     for name in ("ppo_mini_batch_size", "use_dynamic_bsz", "ppo_epochs", "shuffle", "loss_agg_mode"):
         _default(critic, name, getattr(actor, name))
     _default(cfg.reward_model, "forward_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu)
+    _default(critic, "forward_max_token_len_per_gpu", critic.ppo_max_token_len_per_gpu)
+    _default(ref, "use_torch_compile", actor.use_torch_compile)
     correction, async_cfg = cfg.algorithm.rollout_correction, cfg.async_training
     _default(correction, "bypass_mode", bool(async_cfg.use_rollout_log_probs))
     _default(rollout, "calculate_log_probs", async_cfg.enabled or correction.enabled or bool(correction.bypass_mode))
+    _route_bypass_loss(actor.policy_loss, correction)
+
+
+def _route_bypass_loss(policy_loss: Any, correction: Any) -> None:
+    """verl's apply_bypass_mode: bypass mode with rollout correction or REINFORCE uses the bypass_mode loss, which
+    reads the correction settings from the actor's policy_loss (other losses keep the rollout's log-probs as pi_old)."""
+    if correction.bypass_mode and (correction.enabled or correction.loss_type == "reinforce"):
+        if policy_loss.loss_mode == "vanilla":
+            object.__setattr__(policy_loss, "loss_mode", "bypass_mode")
+    if policy_loss.loss_mode == "bypass_mode" and policy_loss.rollout_correction is None:  # a given one is checked
+        object.__setattr__(policy_loss, "rollout_correction", correction.model_copy())
 
 
 def _default(section: Section, name: str, value: Any) -> None:

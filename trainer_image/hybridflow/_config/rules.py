@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from . import distillation, export, verl_features
+from . import data_extras, distillation, export, profiler, verl_features
 from .errors import shorten
-from .names import GROUP_ESTIMATORS
+from .names import GROUP_ESTIMATORS, SUM_PI_SQUARED_ESTIMATORS
 
 if TYPE_CHECKING:
     from .root import HybridFlowConfig
@@ -21,7 +21,7 @@ def check(cfg: HybridFlowConfig) -> list[str]:
     problems: list[str] = []
     for rule in (
         _cluster, _batch_sizes, _algorithm, _sampling, _dynamic_bsz, _lengths, _reward_model, _trainer, _agent_rollout,
-        _async_training, _rollout_correction, distillation.check, export.check,
+        _async_training, _rollout_correction, distillation.check, export.check, data_extras.check, profiler.check,
     ):
         problems.extend(rule(cfg))
     return problems
@@ -106,7 +106,23 @@ def _cluster(cfg: HybridFlowConfig) -> list[str]:
                 f"{path}: {size} does not divide the {world} ranks (trainer.nnodes x trainer.n_gpus_per_node); "
                 f"use one of {_divisors(world)} (the GPUs per node shards within a node) or -1"
             )
-    return out
+    return out + _sequence_parallel(cfg)
+
+
+def _sequence_parallel(cfg: HybridFlowConfig) -> list[str]:
+    """Ulysses sizes divide the ranks (the model's head counts are checked when it loads)."""
+    arr, world = cfg.actor_rollout_ref, cfg.world_size
+    sizes = [(ACTOR, arr.actor.ulysses_sequence_parallel_size)]
+    if cfg.ref_enabled:
+        sizes.append(("actor_rollout_ref.ref", arr.ref.ulysses_sequence_parallel_size or 1))
+    if cfg.critic_enabled:
+        sizes.append(("critic", cfg.critic.ulysses_sequence_parallel_size))
+    return [
+        f"{where}.ulysses_sequence_parallel_size: {sp} does not divide the {world} ranks (trainer.nnodes x "
+        f"trainer.n_gpus_per_node); use one of {_divisors(world)} (data-parallel size = ranks // this)"
+        for where, sp in sizes
+        if world % sp
+    ]
 
 
 def _batch_sizes(cfg: HybridFlowConfig) -> list[str]:
@@ -128,6 +144,7 @@ def _batch_sizes(cfg: HybridFlowConfig) -> list[str]:
         actor.ppo_mini_batch_size,
         actor.ppo_micro_batch_size_per_gpu,
         actor.use_dynamic_bsz,
+        sp=actor.ulysses_sequence_parallel_size,
     )
     critic = cfg.critic
     if cfg.critic_enabled and critic.ppo_mini_batch_size is not None:
@@ -143,6 +160,7 @@ def _batch_sizes(cfg: HybridFlowConfig) -> list[str]:
                 critic.ppo_mini_batch_size,
                 critic.ppo_micro_batch_size_per_gpu,
                 bool(critic.use_dynamic_bsz),
+                sp=critic.ulysses_sequence_parallel_size,
             )
             if p.split(": ", 1)[1] not in seen
         ]
@@ -150,9 +168,17 @@ def _batch_sizes(cfg: HybridFlowConfig) -> list[str]:
 
 
 def _role_batches(
-    where: str, train: int, n: int, world: int, mini: int, micro: int | None, dynamic: bool
+    where: str, train: int, n: int, world: int, mini: int, micro: int | None, dynamic: bool, sp: int = 1
 ) -> list[str]:
-    """Mini-batch and micro-batch divisibility for one trained role."""
+    """Mini-batch and micro-batch divisibility for one trained role.
+
+    With Ulysses (`sp` > 1) the ranks of a sequence-parallel group share their rows, so mini-batches split
+    over the world // sp data-parallel ranks (verl's rule); `_cluster` reports an sp that does not divide.
+    """
+    if world % sp:
+        return []
+    ranks = f"{world} ranks" if sp == 1 else f"{world // sp} data-parallel ranks ({world} ranks / ulysses {sp})"
+    world //= sp
     if train % mini:
         lower = [m for m in (mini // 2, mini // 4) if m and train % m == 0]
         hint = f", e.g. {lower[0]}" if lower else ""
@@ -164,13 +190,13 @@ def _role_batches(
     if responses % world:
         return [
             f"{where}.ppo_mini_batch_size: {mini} prompts x rollout.n {n} = {responses} responses per mini-batch "
-            f"do not split over {world} ranks; make it a multiple of {world // _gcd(world, n)}"
+            f"do not split over {ranks}; make it a multiple of {world // _gcd(world, n)}"
         ]
     per_rank = responses // world
     if micro is not None and not dynamic and per_rank % micro:
         return [
             f"{where}.ppo_micro_batch_size_per_gpu: {micro} does not divide the {per_rank} responses each rank "
-            f"gets per mini-batch (ppo_mini_batch_size x rollout.n / {world} ranks); use one of {_divisors(per_rank)}"
+            f"gets per mini-batch (ppo_mini_batch_size x rollout.n / {ranks}); use one of {_divisors(per_rank)}"
         ]
     return []
 
@@ -210,7 +236,8 @@ def _algorithm(cfg: HybridFlowConfig) -> list[str]:
                 f"actor_rollout_ref.actor.policy_loss.loss_mode: online_dpo's weights give the DPO gradient through "
                 f"the vanilla policy loss only (got {actor.policy_loss.loss_mode}); set it to vanilla"
             )
-    if est == "gae" and cfg.critic.enable is False:
+    out += _estimator_inputs(cfg)
+    if est in ("gae", "gae_vectorized") and cfg.critic.enable is False:
         out.append(
             "critic.enable: gae needs a critic (value estimates); set critic.enable=true (or null), "
             "or pick a critic-free estimator such as algorithm.adv_estimator=grpo"
@@ -259,6 +286,11 @@ def _dynamic_bsz(cfg: HybridFlowConfig) -> list[str]:
             cfg.critic.ppo_max_token_len_per_gpu,
         ),
         (
+            "critic.forward_max_token_len_per_gpu",
+            cfg.critic_enabled and cfg.critic.use_dynamic_bsz,
+            cfg.critic.forward_max_token_len_per_gpu,
+        ),
+        (
             "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
             arr.ref.log_prob_use_dynamic_bsz,
             arr.ref.log_prob_max_token_len_per_gpu,
@@ -269,11 +301,19 @@ def _dynamic_bsz(cfg: HybridFlowConfig) -> list[str]:
             arr.rollout.log_prob_max_token_len_per_gpu,
         ),
     ]
+    # Ulysses: each rank of a sequence-parallel group holds 1/sp of every sequence (verl multiplies the
+    # budget by sp); the rollout's log-probs run on the actor's engine.
+    sp = {"critic": cfg.critic.ulysses_sequence_parallel_size, "actor_rollout_ref.ref": arr.ref.ulysses_sequence_parallel_size or 1}
+
+    def needed(path: str) -> int:
+        return -(-longest // sp.get(path.rsplit(".", 1)[0], arr.actor.ulysses_sequence_parallel_size))
+
     return [
         f"{path}: {budget} tokens cannot hold one sequence of max_prompt_length + max_response_length = "
-        f"{longest}; raise it to at least {longest}"
+        f"{longest}{'' if needed(path) == longest else ' split over its Ulysses group'}; raise it to at least "
+        f"{needed(path)}"
         for path, dynamic, budget in budgets
-        if dynamic and budget is not None and budget < longest
+        if dynamic and budget is not None and budget < needed(path)
     ]
 
 
@@ -409,6 +449,34 @@ def _async_training(cfg: HybridFlowConfig) -> list[str]:
     return out
 
 
+def _estimator_inputs(cfg: HybridFlowConfig) -> list[str]:
+    """The optimal token baselines read sum(pi^2); gdpo reads named reward components, one weight each."""
+    algo, out = cfg.algorithm, []
+    if algo.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and not cfg.actor_rollout_ref.actor.calculate_sum_pi_squared:
+        out.append(
+            f"{ACTOR}.calculate_sum_pi_squared: {algo.adv_estimator} weighs each token by sum(pi^2) of the actor's "
+            "distribution; set it to true"
+        )
+    if algo.adv_estimator in SUM_PI_SQUARED_ESTIMATORS and algo.rollout_correction.bypass_mode:
+        out.append(
+            f"algorithm.rollout_correction.bypass_mode: {algo.adv_estimator} reads sum_pi_squared from the actor's "
+            "old-log-prob pass, which bypass mode skips; set bypass_mode=false"
+        )
+    if algo.adv_estimator == "gdpo" and not algo.gdpo_reward_keys:
+        out.append(
+            "algorithm.gdpo_reward_keys: gdpo normalises each reward component separately; list the keys your reward "
+            "function returns, e.g. algorithm.gdpo_reward_keys='[format_reward,accuracy_reward]'"
+        )
+    weights, keys = algo.gdpo_reward_weights, algo.gdpo_reward_keys or []
+    if weights is not None and len(weights) != len(keys):
+        out.append(
+            f"algorithm.gdpo_reward_weights: {len(weights)} weights for {len(keys)} gdpo_reward_keys; give one per key"
+        )
+    if cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "dro" and cfg.actor_rollout_ref.actor.policy_loss.dro_beta is None:
+        out.append(f"{ACTOR}.policy_loss.dro_beta: loss_mode=dro needs a positive dro_beta; set e.g. 0.1")
+    return out
+
+
 def _rollout_correction(cfg: HybridFlowConfig) -> list[str]:
     """The correction options parse, and the mode can compute what they need."""
     rc, out, key = cfg.algorithm.rollout_correction, [], "algorithm.rollout_correction"
@@ -416,10 +484,27 @@ def _rollout_correction(cfg: HybridFlowConfig) -> list[str]:
         rc.rs_options()
     except ValueError as err:
         out.append(f"{key}.{err}")
-    if rc.loss_type == "reinforce":
-        out.append(f"{key}.loss_type: {verl_features.REINFORCE_LOSS.message}")
-    if rc.bypass_mode and rc.enabled:
-        out.append(f"{key}.bypass_mode: {verl_features.BYPASS_CORRECTION.message}")
+    loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if loss_mode == "bypass_mode" and not rc.bypass_mode:
+        out.append(
+            f"{ACTOR}.policy_loss.loss_mode: bypass_mode takes the rollout's log-probs as pi_old; set "
+            f"{key}.bypass_mode=true (which selects it) or pick another loss_mode"
+        )
+    elif rc.bypass_mode and (rc.enabled or rc.loss_type == "reinforce") and loss_mode != "bypass_mode":
+        out.append(
+            f"{ACTOR}.policy_loss.loss_mode: bypass mode with rollout_is / rollout_rs or loss_type=reinforce computes "
+            f"verl's bypass-mode loss (PPO clip or REINFORCE), not {loss_mode}; set loss_mode=vanilla (or remove it)"
+        )
+    given = cfg.actor_rollout_ref.actor.policy_loss.rollout_correction
+    if given is not None and (loss_mode != "bypass_mode" or given != rc):
+        out.append(
+            f"{ACTOR}.policy_loss.rollout_correction: filled from {key} for loss_mode=bypass_mode (as verl does); "
+            f"remove it and set {key} instead"
+        )
+    if rc.loss_type == "reinforce" and not rc.bypass_mode:
+        out.append(
+            f"{key}.loss_type: reinforce is the bypass-mode loss; set {key}.bypass_mode=true, or loss_type=ppo_clip"
+        )
     at = cfg.async_training
     if at.use_rollout_log_probs is not None and rc.bypass_mode is not None and at.use_rollout_log_probs != rc.bypass_mode:
         out.append(

@@ -54,6 +54,8 @@ class VerlKey:
     """Values accepted without effect (compared with their type: 1 is not true)."""
     note: str = ""
     """Why an accepted value changes nothing here (printed at start-up)."""
+    accepts_keys: tuple[str, ...] = ()
+    """A mapping value is accepted when it is not empty and every key of it is one of these."""
 
 
 @dataclass(frozen=True)
@@ -77,21 +79,15 @@ MEGATRON_OPTIM = Feature(
     "remove it; use optim.lr_scheduler_type, and fsdp_config.optimizer_offload=true for CPU optimizer state",
 )
 ULYSSES = Feature(
-    "ulysses", "Ulysses sequence parallelism (size > 1)",
-    "remove the key or set it to 1; for long sequences use use_dynamic_bsz with ppo_max_token_len_per_gpu",
+    "ulysses", "Ulysses sequence parallelism for the reward model (size > 1)",
+    "remove the key or set it to 1 (actor, ref and critic have ulysses_sequence_parallel_size; the reward model "
+    "scores with micro_batch_size_per_gpu or use_dynamic_bsz)",
     later=True,
 )
-FUSED_KERNELS = Feature(
-    "fused_kernels", "the fused log-prob kernel path (use_fused_kernels, liger)",
-    "remove it or set it to false (lower ppo_micro_batch_size_per_gpu if memory runs short)", later=True,
-)
-TORCH_COMPILE = Feature(
-    "torch_compile", "torch.compile (use_torch_compile=true)",
-    "remove it or set it to false (same results, slower)", later=True,
-)
 MEMORY_SAVERS = Feature(
-    "memory_savers", "verl's entropy/activation memory saving (checkpointing, chunking, offload)",
-    "remove it; use model.enable_gradient_checkpointing and a smaller micro-batch",
+    "memory_savers", "verl's activation offload (model.enable_activation_offload)",
+    "remove it; use model.enable_gradient_checkpointing, actor.entropy_checkpointing, model.use_fused_kernels and a "
+    "smaller micro-batch",
 )
 MULTIMODAL = Feature(
     "multimodal", "multimodal (image/video) input",
@@ -107,8 +103,10 @@ MEGATRON_LORA = Feature(
     "use actor_rollout_ref.model.lora_rank, lora_alpha and target_modules (peft LoRA on FSDP2)",
 )
 REWARD_LOOP = Feature(
-    "reward_loop", "verl's reward loop / generative reward model",
-    "remove it; score with rules, custom_reward_function.path, or a classifier reward model (reward_model.enable)",
+    "reward_loop", "verl's generative reward model (a reward model served for generation by the reward loop)",
+    "remove the reward_model.rollout sampling keys; score with rules, custom_reward_function.path, or a classifier "
+    "reward model (reward_model.enable=true; the reward loop's serving keys name, tensor_model_parallel_size, "
+    "gpu_memory_utilization, prompt_length, response_length, ... are accepted)",
     later=True,
 )
 REWARD_POOL = Feature(
@@ -119,11 +117,17 @@ SANDBOX_REWARD = Feature(
     later=True,
 )
 REWARD_MANAGERS = Feature(
-    "reward_manager", "this verl reward manager", "use reward_model.reward_manager=naive, dapo or batch", later=True,
+    "reward_manager", "this verl reward manager", "use reward_model.reward_manager=naive, dapo, batch or prime",
+    later=True,
 )
 PROFILER = Feature(
-    "profiler", "verl's profiler (nsys, npu, torch_memory)",
-    "remove the profiler keys (run the trainer under nsys or py-spy yourself)", later=True,
+    "profiler", "verl's nsys, npu and torch_memory profilers",
+    "use global_profiler.tool=torch (torch.profiler traces; add tool_config.torch.contents=[memory] for tensor "
+    "memory), or run the trainer under nsys yourself",
+)
+PROFILER_WINDOW = Feature(
+    "profiler", "a mini-batch window of the torch profiler (tool_config.torch.step_start / step_end)",
+    "remove it: the whole worker call is traced (choose steps with global_profiler.steps)",
 )
 TRTLLM = Feature("trtllm", "the TensorRT-LLM rollout engine", "use actor_rollout_ref.rollout.name=vllm (or sglang, hf)")
 ROLLOUT_EXTRAS = Feature(
@@ -155,39 +159,24 @@ CUSTOM_SERVER = Feature(
 )
 ROUTING_REPLAY = Feature("routing_replay", "MoE routing replay", "remove it: experts are routed afresh in each forward")
 MTP = Feature("mtp", "multi-token prediction (model.mtp)", "remove model.mtp.*")
-BYPASS_CORRECTION = Feature(
-    "bypass_correction", "rollout-correction weights or rejection computed in bypass mode (verl computes them "
-    "against the current policy inside the loss)",
-    "use bypass_mode=false (decoupled: the trainer's pi_old) with rollout_is / rollout_rs, or bypass_mode=true "
-    "without them", later=True,
-)
-REINFORCE_LOSS = Feature(
-    "reinforce_loss", "the bypass-mode REINFORCE loss (algorithm.rollout_correction.loss_type=reinforce)",
-    "use loss_type=ppo_clip", later=True,
-)
 ALGO_EXTRAS = Feature(
     "algorithm_extras", "this verl algorithm option",
     "remove it (for truncated importance sampling against the rollout use actor.tis_imp_ratio_cap)", later=True,
-)
-ESTIMATORS = Feature(
-    "estimator", "this verl advantage estimator", "use one HybridFlow has (grpo, rloo, gae, reinforce_plus_plus, ...)",
-    later=True,
-)
-POLICY_LOSSES = Feature(
-    "policy_loss", "this verl policy loss", "use loss_mode vanilla, gspo, gpg or cispo", later=True,
 )
 DATA_EXTRAS = Feature(
     "data_extras", "this verl data option",
     "remove it: prompts come from data.prompt_key of verl-layout parquet, shuffled by data.shuffle and data.seed",
     later=True,
 )
+CHAT_KWARGS_TOOLS = Feature(
+    "data_extras", "data.apply_chat_template_kwargs with tool calling (multi_turn.enable=true)",
+    "remove data.apply_chat_template_kwargs or turn multi-turn off: the tool agent renders its chat with the tool "
+    "schemas itself", later=True,
+)
 LOGGERS = Feature(
     "logger", "this verl logger or log folder",
-    "use trainer.logger console, file, tensorboard ($TENSORBOARD_DIR sets its folder), wandb or prometheus", later=True,
-)
-CRITIC_FORWARD_BUDGET = Feature(
-    "critic_forward_budget", "a separate token budget for the critic's value forward",
-    "remove it: critic.ppo_max_token_len_per_gpu budgets every critic micro-batch",
+    "use trainer.logger console, file, tensorboard ($TENSORBOARD_DIR sets its folder), wandb, mlflow or prometheus",
+    later=True,
 )
 DTYPE_KEY = Feature(
     "model_dtype_key", "verl's model.torch_dtype", "remove it; set <role>.fsdp_config.model_dtype (bf16, fp32) instead",
@@ -212,6 +201,12 @@ DISTILL_TOPK = Feature(
 )
 
 _ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
+_RM_SERVING_KEYS = (
+    "name", "mode", "gpu_memory_utilization", "tensor_model_parallel_size", "data_parallel_size", "prompt_length",
+    "response_length", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "free_cache_engine", "enforce_eager",
+    "dtype", "load_format", "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats",
+)
+"""The keys of `reward_model.rollout` that only say how verl serves a (classifier) reward model."""
 _POLICY_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref")
 
 
@@ -228,19 +223,8 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.optim.override_optimizer_config", MEGATRON_OPTIM),
     VerlKey("actor_rollout_ref.actor.optim.lr_decay_style", MEGATRON_OPTIM),
     VerlKey("critic.optim.lr_decay_style", MEGATRON_OPTIM),
-    *_each(_ROLES, "ulysses_sequence_parallel_size", feature=ULYSSES, accepts=(1,),
-           note="1 means no sequence parallelism, as here"),
-    VerlKey("actor_rollout_ref.model.use_fused_kernels", FUSED_KERNELS, accepts=(False,),
-            note="false asks for plain log-probs, as computed here"),
-    VerlKey("actor_rollout_ref.model.fused_kernel_options", FUSED_KERNELS),
-    VerlKey("actor_rollout_ref.model.use_liger", FUSED_KERNELS, accepts=(False,), note="false: no liger kernels, as here"),
-    VerlKey("critic.model.use_liger", FUSED_KERNELS, accepts=(False,), note="false: no liger kernels, as here"),
-    *_each(_POLICY_ROLES, "use_torch_compile", feature=TORCH_COMPILE, accepts=(False,),
-           note="false: no torch.compile, as here"),
-    *_each(_POLICY_ROLES, "entropy_checkpointing", feature=MEMORY_SAVERS, accepts=(False,),
-           note="false: entropy is not recomputed in backward, as here"),
-    *_each(_POLICY_ROLES, "entropy_from_logits_with_chunking", feature=MEMORY_SAVERS, accepts=(False,),
-           note="false: entropy from whole logits, as here"),
+    VerlKey("reward_model.ulysses_sequence_parallel_size", ULYSSES, accepts=(1,),
+            note="1 means no sequence parallelism, as here"),
     VerlKey("actor_rollout_ref.model.enable_activation_offload", MEMORY_SAVERS, accepts=(False,),
             note="false: activations stay on the device, as here"),
     VerlKey("critic.model.enable_activation_offload", MEMORY_SAVERS, accepts=(False,),
@@ -257,9 +241,13 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.rollout.layered_summon", None,
             note="a memory saver of verl's LoRA weight sync (gather layer by layer); here the merged weights are "
             "gathered whole, with the same result"),
-    VerlKey("reward_model.use_reward_loop", REWARD_LOOP, accepts=(False,),
-            note="false selects verl's classic reward path, the one HybridFlow has"),
-    VerlKey("reward_model.rollout", REWARD_LOOP),
+    VerlKey("reward_model.use_reward_loop", REWARD_LOOP, accepts=(False, True),
+            note="verl's reward loop (true) and classic path (false) give the same scores: rules or "
+            "custom_reward_function through reward_model.reward_manager, or the classifier reward model "
+            "(reward_model.enable) on its FSDP worker"),
+    VerlKey("reward_model.rollout", REWARD_LOOP, accepts_keys=_RM_SERVING_KEYS,
+            note="how verl's reward loop serves the reward model (engine, parallelism, memory, lengths); here the "
+            "classifier reward model runs as a forward pass on its FSDP worker, reading whole prompts and responses"),
     VerlKey("reward_model.num_workers", None,
             note="reward-loop worker count; rule scoring here runs in the trainer (time-limited by score_timeout_s)"),
     VerlKey("reward_model.enable_resource_pool", REWARD_POOL, accepts=(False,),
@@ -267,8 +255,16 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("reward_model.nnodes", REWARD_POOL, accepts=(0,), note="0: no pool of its own, as here"),
     VerlKey("reward_model.n_gpus_per_node", REWARD_POOL, accepts=(0,), note="0: no pool of its own, as here"),
     VerlKey("reward_model.sandbox_fusion", SANDBOX_REWARD),
-    VerlKey("global_profiler", PROFILER),
-    *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler", feature=PROFILER),
+    *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.torch.step_start", feature=PROFILER_WINDOW,
+           accepts=(0, -1), note="the whole update is traced, as here"),
+    *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.torch.step_end", feature=PROFILER_WINDOW,
+           accepts=(None, -1), note="the whole update is traced, as here"),
+    *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.torch.manual_save", note="traces are "
+           "written when each profiled step (or call, with discrete=true) ends"),
+    *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.*.name", note="the tool's display name"),
+    *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.*._target_", note="a verl dataclass path"),
+    *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler._target_", note="a verl dataclass path"),
+    VerlKey("global_profiler._target_", None, note="a verl dataclass path"),
     VerlKey("actor_rollout_ref.rollout.over_sample_rate", ROLLOUT_EXTRAS, accepts=(0, 0.0),
             note="0: every request runs to completion, as here"),
     VerlKey("actor_rollout_ref.rollout.multi_stage_wake_up", ROLLOUT_EXTRAS, accepts=(False,),
@@ -290,16 +286,8 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.rollout.enable_rollout_routing_replay", ROUTING_REPLAY, accepts=(False,),
             note="false: no routing replay, as here"),
     VerlKey("actor_rollout_ref.model.mtp", MTP),
-    VerlKey("actor_rollout_ref.actor.calculate_sum_pi_squared", ALGO_EXTRAS, accepts=(False,),
-            note="false: the statistic is not computed, as here"),
     VerlKey("actor_rollout_ref.actor.use_prefix_grouper", ALGO_EXTRAS, accepts=(False,),
             note="false: no shared-prefix forward, as here"),
-    VerlKey("actor_rollout_ref.actor.tau_pos", ALGO_EXTRAS),
-    VerlKey("actor_rollout_ref.actor.tau_neg", ALGO_EXTRAS),
-    VerlKey("data.custom_cls", DATA_EXTRAS),
-    VerlKey("data.sampler", DATA_EXTRAS),
-    VerlKey("data.apply_chat_template_kwargs", DATA_EXTRAS, accepts=({},), note="empty: the template's defaults, as here"),
-    VerlKey("data.gen_batch_size", DATA_EXTRAS),
     VerlKey("data.trust_remote_code", DATA_EXTRAS, accepts=(False,), note="false: no remote code, as here"),
     VerlKey("data.filter_overlong_prompts_workers", None,
             note="worker processes for filter_overlong_prompts; prompts are filtered in the driver"),
@@ -315,7 +303,6 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.model.fsdp_config.use_orig_params", None, note=_NO_EFFECT_FSDP1),
     *_each(_POLICY_ROLES, "fsdp_config.strategy", feature=MEGATRON, accepts=("fsdp", "fsdp2"),
            note="fsdp and fsdp2 both run on the FSDP2 engine here"),
-    VerlKey("critic.forward_max_token_len_per_gpu", CRITIC_FORWARD_BUDGET),
     VerlKey("actor_rollout_ref.model.torch_dtype", DTYPE_KEY),
     VerlKey("critic.model.torch_dtype", DTYPE_KEY),
     VerlKey("distillation.enable_resource_pool", DISTILL_POOL, accepts=(False,),
@@ -340,6 +327,12 @@ NO_EFFECT_FIELDS: tuple[VerlKey, ...] = (
     *[VerlKey(f"{group}.fsdp_config.mixed_precision.buffer_dtype", note="FSDP1 buffer dtype; FSDP2 keeps buffers as loaded")
       for group in _FSDP_GROUPS],
     VerlKey("data.dataloader_num_workers", note="batches are read in the driver"),
+    VerlKey("actor_rollout_ref.actor.entropy_from_logits_with_chunking",
+            note="entropy is always computed from logits in chunks here"),
+    VerlKey("actor_rollout_ref.ref.entropy_from_logits_with_chunking", note="the reference computes no entropy"),
+    VerlKey("actor_rollout_ref.ref.entropy_checkpointing", note="the reference computes no entropy and no backward"),
+    VerlKey("actor_rollout_ref.model.fused_kernel_options.impl_backend",
+            note="both backends run HybridFlow's chunked torch kernel, with the same numbers"),
     VerlKey("reward_model.launch_reward_fn_async", note="scoring runs before log-probs"),
     VerlKey("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", note="token ids are never re-tokenised"),
     VerlKey("actor_rollout_ref.rollout.agent.num_workers", note="trajectories run in the driver's event loop"),
@@ -347,19 +340,20 @@ NO_EFFECT_FIELDS: tuple[VerlKey, ...] = (
             "trainer's devices here"),
     VerlKey("distillation.teacher_key", note="routes samples among several teachers; one teacher here"),
     VerlKey("distillation.distillation_loss.topk", note="read by top-k loss modes only"),
+    *[VerlKey(f"{role}.profiler.tool_config.{tool}", note=f"settings of verl's {tool} profiler; only tool=torch is "
+              "built here") for role in (*_ROLES, "actor_rollout_ref.rollout") for tool in ("nsys", "npu", "torch_memory")],
+    VerlKey("global_profiler.global_tool_config", note="settings of verl's nsys and torch_memory profilers; only "
+            "tool=torch is built here"),
 )
 """Fields HybridFlow keeps for verl but that change nothing here: noted at start-up when a config sets them."""
 
 VALUES: tuple[VerlValue, ...] = (
     *[VerlValue(f"{role}.strategy", "megatron", MEGATRON) for role in _ROLES],
     VerlValue("actor_rollout_ref.rollout.name", "trtllm", TRTLLM),
-    *[VerlValue("reward_model.reward_manager", name, REWARD_MANAGERS) for name in ("prime", "collabllm")],
-    *[VerlValue("actor_rollout_ref.actor.policy_loss.loss_mode", name, POLICY_LOSSES)
-      for name in ("geo_mean", "sapo", "clip_cov", "kl_cov", "dppo_kl", "dppo_tv", "dro", "bypass_mode")],
-    *[VerlValue("algorithm.adv_estimator", name, ESTIMATORS) for name in (
-        "optimal_token_baseline", "tir_optimal_token_baseline", "grpo_passk", "gdpo", "grpo_vectorized",
-        "rloo_vectorized", "gae_vectorized")],
-    VerlValue("trainer.logger.*", "mlflow", LOGGERS),
+    VerlValue("reward_model.reward_manager", "collabllm", REWARD_MANAGERS),
+    *[VerlValue("trainer.logger.*", name, LOGGERS) for name in ("swanlab", "vemlp_wandb", "clearml", "trackio")],
+    *[VerlValue(pattern, tool, PROFILER) for tool in ("nsys", "npu", "torch_memory")
+      for pattern in ("global_profiler.tool", *[f"{role}.profiler.tool" for role in (*_ROLES, "actor_rollout_ref.rollout")])],
     *[VerlValue("distillation.distillation_loss.loss_mode", name, DISTILL_TOPK)
       for name in ("forward_kl_topk", "forward_kl_topk_tail", "jsd", "nitrobrew")],
 )
@@ -428,6 +422,8 @@ def accepted(key: VerlKey, value: Any) -> bool:
     """Whether `value` is one the key accepts without effect (same type and value: true is not 1)."""
     if key.feature is None:
         return True
+    if key.accepts_keys and isinstance(value, dict) and value and set(value) <= set(key.accepts_keys):
+        return True
     return any(type(value) is type(a) and value == a for a in key.accepts) or (
         isinstance(value, float) and any(type(a) is int and value == a for a in key.accepts)
     )
@@ -459,7 +455,7 @@ def all_features() -> list[Feature]:
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
     for feature in [*candidates, ROLLOUT_TP_NODES, SERVER_TP, SGLANG_SERVER, INTERACTIONS, TOOL_FORMATS, CUSTOM_SERVER,
-                    DISTILL_GKD, MULTI_TEACHER, BYPASS_CORRECTION, REINFORCE_LOSS]:
+                    DISTILL_GKD, MULTI_TEACHER, CHAT_KWARGS_TOOLS]:
         if feature is not None:
             found.setdefault(feature.message, feature)
     return list(found.values())

@@ -6,8 +6,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
+from .async_training import RolloutCorrectionConfig
 from .common import CheckpointConfig, FsdpConfig, OptimConfig, Section
 from .names import KlPenalty, LossAggMode, PolicyLoss, RewardManager, RolloutName
+from .profiler import RoleProfilerConfig
 from .values import Location
 
 Strategy = Literal["fsdp2", "fsdp"]
@@ -15,6 +17,7 @@ STRATEGY_DOC = (
     "fsdp2 (torch fully_shard, the default here) or fsdp (verl's default, FSDP1 there); both run on the "
     "FSDP2 engine here, which shards the same way."
 )
+PROFILER_DOC = "torch.profiler traces of this role's workers in global_profiler.steps (verl's profiler section)."
 
 
 def _off_or_positive(value: float) -> float:
@@ -25,6 +28,28 @@ def _off_or_positive(value: float) -> float:
 
 
 OffOrPositive = Annotated[float, AfterValidator(_off_or_positive)]
+
+
+class FusedKernelOptions(Section):
+    """verl's `model.fused_kernel_options`: how the fused log-prob head runs."""
+
+    impl_backend: Literal["torch", "triton"] = Field(
+        default="torch",
+        description="verl's kernel choice (torch or triton); both run HybridFlow's chunked torch kernel here, with "
+        "the same numbers (triton is noted at start-up).",
+    )
+    chunk_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="HybridFlow: tokens per chunk of the fused head (each chunk's logits live briefly); null: what "
+        "fits 16 MiB of fp32 logits (16 to 4096 tokens).",
+    )
+
+
+_LIGER_DOC = (
+    "Patch the model with liger-kernel's Triton kernels (RMSNorm, RoPE, SwiGLU, ...), as verl does. CUDA only, and "
+    "the liger-kernel package must be installed in the trainer image: either missing is an error at start-up."
+)
 
 
 class ModelConfig(Section):
@@ -73,6 +98,16 @@ class ModelConfig(Section):
         "export's lora_adapter) instead of a fresh adapter; its own rank, alpha and target modules apply. The "
         "reference policy stays the base model (model.path) without it.",
     )
+    use_fused_kernels: bool = Field(
+        default=False,
+        description="Log-probs and entropies of the actor and reference from hidden states through a fused LM head "
+        "+ log-softmax, a chunk of tokens at a time: the response's full-vocabulary logits are never built (in "
+        "backward either). Same numbers as the plain path; needs a plain Linear output head.",
+    )
+    fused_kernel_options: FusedKernelOptions = Field(
+        default_factory=FusedKernelOptions, description="Options of the fused log-prob head."
+    )
+    use_liger: bool = Field(default=False, description=_LIGER_DOC)
 
 
 class PolicyLossConfig(Section):
@@ -80,8 +115,33 @@ class PolicyLossConfig(Section):
 
     loss_mode: PolicyLoss = Field(
         default="vanilla",
-        description="vanilla: PPO clip with dual clip; gspo, gpg, cispo: their papers' losses.",
+        description="vanilla: PPO clip with dual clip; gspo, gpg, cispo, sapo, geo_mean (GMPO), clip_cov, kl_cov, "
+        "up, dppo_tv, dppo_kl, dro: their papers' losses as verl computes them; bypass_mode: verl's bypass-mode loss "
+        "(chosen for you when algorithm.rollout_correction.bypass_mode=true asks for rollout_is, rollout_rs or "
+        "loss_type=reinforce).",
     )
+    clip_cov_ratio: float = Field(default=0.0002, gt=0, description="clip_cov: share of tokens cut from the gradient.")
+    clip_cov_lb: float = Field(default=1.0, description="clip_cov: lower bound of the covariance of a cut token.")
+    clip_cov_ub: float = Field(default=5.0, description="clip_cov: upper bound of the covariance of a cut token.")
+    kl_cov_ratio: float = Field(
+        default=0.0002, gt=0, description="kl_cov: share of tokens (largest covariance) given the |log ratio| penalty."
+    )
+    ppo_kl_coef: float = Field(default=0.1, ge=0, description="kl_cov: weight of the |log ratio| penalty.")
+    dro_beta: float | None = Field(
+        default=None, gt=0, description="dro: weight beta of the quadratic penalty beta/2 (log pi - log pi_old)^2; "
+        "required with loss_mode=dro."
+    )
+    rollout_correction: RolloutCorrectionConfig | None = Field(
+        default=None,
+        description="Filled from algorithm.rollout_correction when loss_mode=bypass_mode (as verl does); leave it "
+        "unset and configure algorithm.rollout_correction.",
+    )
+
+
+SP_DOC = (
+    "Ulysses sequence parallelism: ranks that split each sequence's positions (attention heads exchanged "
+    "all-to-all); the data-parallel size is then world size // this. Heads and KV heads must divide by it."
+)
 
 
 class ActorConfig(Section):
@@ -98,6 +158,7 @@ class ActorConfig(Section):
     ppo_max_token_len_per_gpu: int = Field(
         default=16384, gt=0, description="Token budget per micro-batch with use_dynamic_bsz."
     )
+    ulysses_sequence_parallel_size: int = Field(default=1, ge=1, description=SP_DOC)
     grad_clip: float = Field(default=1.0, gt=0, description="Clip the global gradient norm to this.")
     clip_ratio: float = Field(
         default=0.2, gt=0, description="PPO clip epsilon (both sides unless set apart)."
@@ -118,15 +179,41 @@ class ActorConfig(Section):
         "-1 turns it off.",
     )
     entropy_coeff: float = Field(default=0.0, ge=0, description="Entropy bonus coefficient.")
+    tau_pos: float = Field(default=1.0, gt=0, description="sapo: gate temperature for tokens with a positive advantage.")
+    tau_neg: float = Field(
+        default=1.05, gt=0, description="sapo: gate temperature for the other tokens (above tau_pos: asymmetric)."
+    )
+    calculate_sum_pi_squared: bool = Field(
+        default=False,
+        description="Also compute sum over the vocabulary of pi^2 per response token in the old-log-prob pass "
+        "(batch key sum_pi_squared); needed by the optimal_token_baseline estimators.",
+    )
     use_kl_loss: bool = Field(default=False, description="Add a KL-to-reference loss term (GRPO style).")
     kl_loss_coef: float = Field(default=0.001, ge=0, description="Weight of the KL loss.")
     kl_loss_type: KlPenalty = Field(default="low_var_kl", description="KL estimator of the KL loss.")
     ppo_epochs: int = Field(default=1, gt=0, description="Passes over each batch.")
     shuffle: bool = Field(default=False, description="Shuffle the batch between PPO epochs.")
+    use_torch_compile: bool = Field(
+        default=False,
+        description="torch.compile the per-chunk log-prob and entropy formulas (verl compiles its entropy function); "
+        "if compilation fails, a warning says why and they run uncompiled. Same results. verl's default is true; "
+        "HybridFlow's is false: compiling costs tens of seconds per process, which small and CPU runs do not win back.",
+    )
+    entropy_from_logits_with_chunking: bool = Field(
+        default=False,
+        description="verl's chunked entropy; accepted, no effect: entropy is always computed from the logits in "
+        "chunks here (~64 MiB of fp32 each), so true and false give the same numbers and memory.",
+    )
+    entropy_checkpointing: bool = Field(
+        default=False,
+        description="Recompute the entropy's softmax in backward instead of keeping it (saves rows x response x "
+        "vocabulary fp32 per micro-batch when entropy_coeff != 0); same values and gradients, one more softmax.",
+    )
     policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig, description="Policy loss choice.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule.")
     fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig, description="Sharding and offload.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint contents.")
+    profiler: RoleProfilerConfig = Field(default_factory=RoleProfilerConfig, description=PROFILER_DOC)
 
 
 class RefConfig(Section):
@@ -144,7 +231,20 @@ class RefConfig(Section):
         gt=0,
         description="Token budget per micro-batch; null means actor.ppo_max_token_len_per_gpu.",
     )
+    ulysses_sequence_parallel_size: int | None = Field(
+        default=None, ge=1, description="Ulysses sequence parallelism of the reference; null means the actor's."
+    )
+    use_torch_compile: bool | None = Field(
+        default=None, description="torch.compile the reference's log-prob formula (see actor); null: the actor's."
+    )
+    entropy_from_logits_with_chunking: bool = Field(
+        default=False, description="Accepted for verl, no effect: the reference computes no entropy."
+    )
+    entropy_checkpointing: bool = Field(
+        default=False, description="Accepted for verl, no effect: the reference computes no entropy and no backward."
+    )
     fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig, description="Sharding and offload.")
+    profiler: RoleProfilerConfig = Field(default_factory=RoleProfilerConfig, description=PROFILER_DOC)
 
 
 class SamplingConfig(Section):
@@ -226,6 +326,7 @@ class RolloutConfig(Section):
         description="Extra engine arguments by engine name, e.g. {vllm: {swap_space: 4}}.",
     )
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig, description="Validation sampling.")
+    profiler: RoleProfilerConfig = Field(default_factory=RoleProfilerConfig, description=PROFILER_DOC)
     multi_turn: MultiTurnConfig = Field(
         default_factory=lambda: MultiTurnConfig(), description="Multi-turn tool calling (async mode)."
     )
@@ -330,6 +431,7 @@ class CriticModelConfig(Section):
     fsdp_config: FsdpConfig = Field(
         default_factory=FsdpConfig, description="Sharding and offload (verl's place)."
     )
+    use_liger: bool = Field(default=False, description=_LIGER_DOC)
 
 
 class CriticConfig(Section):
@@ -352,6 +454,13 @@ class CriticConfig(Section):
     )
     use_dynamic_bsz: bool | None = Field(default=None, description="Pack by token count; null: the actor's.")
     ppo_max_token_len_per_gpu: int = Field(default=32768, gt=0, description="Token budget per micro-batch.")
+    forward_max_token_len_per_gpu: int | None = Field(
+        default=None,
+        gt=0,
+        description="Token budget per micro-batch of the value forward (compute_values, no backward) with "
+        "use_dynamic_bsz; null means ppo_max_token_len_per_gpu.",
+    )
+    ulysses_sequence_parallel_size: int = Field(default=1, ge=1, description=SP_DOC)
     ppo_epochs: int | None = Field(
         default=None, gt=0, description="Passes over each batch; null: the actor's."
     )
@@ -362,6 +471,7 @@ class CriticConfig(Section):
     )
     loss_agg_mode: LossAggMode | None = Field(default=None, description="Loss reduction; null: the actor's.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint contents.")
+    profiler: RoleProfilerConfig = Field(default_factory=RoleProfilerConfig, description=PROFILER_DOC)
 
 
 class RewardModelModelConfig(Section):
@@ -425,6 +535,7 @@ class RewardModelConfig(Section):
         description="Token budget per micro-batch with use_dynamic_bsz; null: critic.ppo_max_token_len_per_gpu.",
     )
     reward_manager: RewardManager = Field(default="naive", description="How scores are computed and batched.")
+    profiler: RoleProfilerConfig = Field(default_factory=RoleProfilerConfig, description=PROFILER_DOC)
     score_timeout_s: float | None = Field(
         default=5.0,
         gt=0,

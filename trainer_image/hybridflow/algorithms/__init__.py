@@ -22,6 +22,13 @@ from .advantages import (
     preference_pairs,
     register_adv_est,
 )
+from .advantages_more import (
+    compute_gdpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+)
 from .aggregation import LOSS_AGG_MODES, agg_loss
 from .controllers import KL_CTRL_TYPES, AdaptiveKLController, FixedKLController, get_kl_controller
 from .dapo import GroupFilterResult, compute_overlong_penalty, filter_groups
@@ -34,6 +41,18 @@ from .policy_loss import (
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
     register_policy_loss,
+)
+from .policy_loss_more import (
+    compute_policy_loss_bypass_mode,
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_kl_cov,
+    compute_policy_loss_reinforce,
+    compute_policy_loss_sapo,
+    compute_policy_loss_up,
 )
 from .torch_functional import (
     clip_by_value,
@@ -92,4 +111,19 @@ __all__ = [
     "masked_whiten",
     "register_adv_est",
     "register_policy_loss",
+    "compute_gdpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage",
+    "compute_optimal_token_baseline_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
+    "compute_policy_loss_bypass_mode",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_dppo_kl",
+    "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_reinforce",
+    "compute_policy_loss_sapo",
+    "compute_policy_loss_up",
 ]

@@ -36,6 +36,13 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GPG = "gpg"
     ONLINE_DPO = "online_dpo"
+    GRPO_PASSK = "grpo_passk"
+    GRPO_VECTORIZED = "grpo_vectorized"
+    RLOO_VECTORIZED = "rloo_vectorized"
+    GAE_VECTORIZED = "gae_vectorized"
+    GDPO = "gdpo"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
 
 ADV_ESTIMATOR_REGISTRY: dict[str, AdvEstimatorFn] = {}

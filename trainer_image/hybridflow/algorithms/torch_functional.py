@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 Axis = int | tuple[int, ...] | None
 
@@ -79,13 +83,68 @@ def _entropy_rows(logits: torch.Tensor) -> torch.Tensor:
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
 
 
-def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None) -> torch.Tensor:
+RowsFn = Callable[..., torch.Tensor]
+
+
+def entropy_from_logits(logits: torch.Tensor, chunk_rows: int | None = None, rows_fn: RowsFn | None = None) -> torch.Tensor:
     """Entropy of the categorical distribution given by ``logits`` over the last dimension.
 
     Computed `chunk_rows` positions at a time (default: ~64 MiB of fp32 per temporary); each row is
-    independent, so the result equals the one-shot formula.
+    independent, so the result equals the one-shot formula. `rows_fn` replaces the per-chunk formula
+    (a compiled `entropy_rows`, see `CompiledOrEager`).
     """
-    return _by_row_chunks(_entropy_rows, logits, chunk_rows=chunk_rows)
+    return _by_row_chunks(rows_fn or _entropy_rows, logits, chunk_rows=chunk_rows)
+
+
+entropy_rows = _entropy_rows
+"""The per-chunk entropy formula (what `use_torch_compile` compiles)."""
+
+VERL_ENTROPY_CHUNK_ROWS = 2048
+"""Rows per chunk of verl's `entropy_from_logits_with_chunking`."""
+
+
+def entropy_checkpointed(logits: torch.Tensor, entropy_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`entropy_fn(logits)` that keeps no softmax for backward: it is recomputed there (verl's entropy_checkpointing).
+
+    With autograd on, each chunk of the plain entropy saves its (rows x vocab) softmax; checkpointed,
+    only the logits (already kept by the log-prob) are saved. Same values and gradients.
+    """
+    if not torch.is_grad_enabled() or not logits.requires_grad:
+        return entropy_fn(logits)
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(entropy_fn, logits, use_reentrant=False)
+
+
+COMPILE_BACKEND = "inductor"
+"""torch.compile's backend for use_torch_compile (inductor: Triton on GPU, C++ on CPU)."""
+
+
+class CompiledOrEager:
+    """`torch.compile(fn, dynamic=True)` (verl's use_torch_compile), or `fn` itself if compilation fails.
+
+    The first failure is logged once, with the reason, and every later call runs `fn` eagerly (same
+    results). An error `fn` itself raises (a shape mismatch) surfaces from the eager call as usual.
+    """
+
+    def __init__(self, fn: RowsFn, what: str, backend: Any = None) -> None:
+        self.fn = fn
+        self.what = what
+        self.failure: str | None = None
+        self._compiled = torch.compile(fn, dynamic=True, backend=backend or COMPILE_BACKEND)
+
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+        if self.failure is None:
+            try:
+                return self._compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - any compiler failure falls back; fn re-raises real errors
+                self.failure = _failure_reason(exc)
+                logger.warning(
+                    "use_torch_compile: torch.compile of %s failed (%s); computing it without compilation from now "
+                    "on (same results, slower). Set use_torch_compile=false to skip the attempt.",
+                    self.what, self.failure,
+                )
+        return self.fn(*args)
 
 
 def _fp32_logprob_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -93,15 +152,22 @@ def _fp32_logprob_rows(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return picked - torch.logsumexp(logits, dim=-1)
 
 
-def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024) -> torch.Tensor:
+logprob_rows = _fp32_logprob_rows
+"""The per-chunk fp32 log-prob formula (what `use_torch_compile` compiles)."""
+
+
+def logprobs_from_logits(
+    logits: torch.Tensor, labels: torch.Tensor, chunk_rows: int = 1024, rows_fn: RowsFn | None = None
+) -> torch.Tensor:
     """Log-probability of each ``labels`` token under ``logits`` (shape ``labels.shape``).
 
     fp32/fp64 use ``z_label - logsumexp(z)`` without materialising the softmax, a chunk of rows at a
-    time (`vocab_chunk_rows`: logsumexp's exp temporary stays ~64 MiB). Half precision is upcast to
-    fp32 a chunk of rows at a time (log-softmax in bf16 loses ~2 digits) and cast back.
+    time (`vocab_chunk_rows`: logsumexp's exp temporary stays ~64 MiB); `rows_fn` replaces that
+    per-chunk formula (a compiled `logprob_rows`). Half precision is upcast to fp32 a chunk of rows at
+    a time (log-softmax in bf16 loses ~2 digits) and cast back.
     """
     if logits.dtype in (torch.float32, torch.float64):
-        return _by_row_chunks(_fp32_logprob_rows, logits, labels, chunk_rows=None)
+        return _by_row_chunks(rows_fn or _fp32_logprob_rows, logits, labels, chunk_rows=None)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
     chunks = [
@@ -115,3 +181,16 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor, chunk_rows:
     if not chunks:
         return torch.zeros(labels.shape, dtype=logits.dtype, device=logits.device)
     return torch.cat(chunks).to(logits.dtype).reshape(labels.shape)
+
+
+def _failure_reason(exc: BaseException) -> str:
+    """One line naming an exception and its innermost cause (a compiler's own error, not dynamo's wrapper)."""
+    root = exc
+    for _ in range(10):  # dynamo wraps a backend's error (BackendCompilerFailed.inner_exception, or __cause__)
+        inner = getattr(root, "inner_exception", None) or root.__cause__
+        if not isinstance(inner, BaseException) or inner is root:
+            break
+        root = inner
+    first = next((line.strip() for line in str(root).splitlines() if line.strip()), "")
+    where = type(exc).__name__ if root is exc else f"{type(exc).__name__} <- {type(root).__name__}"
+    return f"{where}: {first}"[:300]

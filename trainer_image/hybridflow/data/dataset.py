@@ -100,8 +100,14 @@ class RLHFDataset(torch.utils.data.Dataset):
         truncation: Truncation = "error",
         filter_overlong_prompts: bool = False,
         return_raw_chat: bool = False,
+        return_full_prompt: bool = False,
+        apply_chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """Read, render and tokenise every prompt; filter or check overlong ones now, not mid-training."""
+        """Read, render and tokenise every prompt; filter or check overlong ones now, not mid-training.
+
+        ``apply_chat_template_kwargs`` go to every ``tokenizer.apply_chat_template`` call (verl's
+        data.apply_chat_template_kwargs); ``return_full_prompt`` adds the rendered text as ``full_prompts``.
+        """
         if truncation not in TRUNCATIONS:
             raise ValueError(
                 f"data.truncation={truncation!r} is not known; use one of {', '.join(TRUNCATIONS)}."
@@ -122,10 +128,13 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.max_prompt_length = max_prompt_length
         self.truncation = truncation
         self.return_raw_chat = return_raw_chat
+        self.return_full_prompt = return_full_prompt
+        self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
 
         rows, origins = read_parquet_rows(files)
         messages = [self._messages(row, origin) for row, origin in zip(rows, origins, strict=True)]
-        token_ids = self._tokenize(messages)
+        texts = self._render(messages)
+        token_ids = self._tokenize(texts)
         keep = [i for i, ids in enumerate(token_ids) if len(ids) <= max_prompt_length]
         self.num_filtered = 0
         if filter_overlong_prompts:
@@ -142,6 +151,7 @@ class RLHFDataset(torch.utils.data.Dataset):
                 self._raise_if_overlong(token_ids, origins)
         self._rows = [rows[i] for i in keep]
         self._messages_list = [messages[i] for i in keep]
+        self._texts = [texts[i] for i in keep]
         self._ids = [truncate_ids(token_ids[i], max_prompt_length, truncation) for i in keep]
         self._positions = keep
         if not self._rows:
@@ -151,11 +161,18 @@ class RLHFDataset(torch.utils.data.Dataset):
             )
 
     @classmethod
-    def from_config(cls, cfg: Any, tokenizer: Any, split: Literal["train", "val"] = "train") -> RLHFDataset:
-        """Build from ``cfg.data`` (``train_files`` or ``val_files`` per ``split``), read by attribute."""
+    def from_config(cls, cfg: Any, tokenizer: Any, split: Literal["train", "val"] = "train") -> Any:
+        """The configured dataset over ``train_files`` or ``val_files`` per ``split`` (``cfg.data`` read by
+        attribute): this class, or the user's ``data.custom_cls`` when it names one."""
         data = cfg.data
+        files = data.train_files if split == "train" else data.val_files
+        custom = getattr(data, "custom_cls", None)
+        if custom is not None and custom.path:
+            from hybridflow.data.external import build_custom_dataset
+
+            return build_custom_dataset(cfg, tokenizer, _as_file_list(files))
         return cls(
-            data.train_files if split == "train" else data.val_files,
+            files,
             tokenizer,
             prompt_key=data.prompt_key,
             max_prompt_length=data.max_prompt_length,
@@ -163,6 +180,8 @@ class RLHFDataset(torch.utils.data.Dataset):
             filter_overlong_prompts=data.filter_overlong_prompts,
             # agent loops render tool schemas into the chat: they need the messages
             return_raw_chat=data.return_raw_chat or cfg.actor_rollout_ref.rollout.mode == "async",
+            return_full_prompt=bool(getattr(data, "return_full_prompt", False)),
+            apply_chat_template_kwargs=getattr(data, "apply_chat_template_kwargs", None),
         )
 
     def _messages(self, row: dict[str, Any], origin: tuple[str, int]) -> list[dict[str, Any]]:
@@ -182,12 +201,17 @@ class RLHFDataset(torch.utils.data.Dataset):
             )
         return prompt
 
-    def _tokenize(self, messages: list[list[dict[str, Any]]]) -> list[list[int]]:
-        """Render each conversation with the chat template (generation prompt added) and tokenise it."""
-        texts = [
-            self.tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False)
+    def _render(self, messages: list[list[dict[str, Any]]]) -> list[str]:
+        """Each conversation rendered with the chat template (generation prompt added, the configured kwargs)."""
+        return [
+            self.tokenizer.apply_chat_template(
+                m, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
+            )
             for m in messages
         ]
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of the rendered prompts."""
         if not texts:
             return []
         # The template already wrote any BOS the model needs; adding special tokens would double it.
@@ -226,6 +250,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         out["index"] = index if index is not None else self._positions[item]
         if self.return_raw_chat:
             out["raw_prompt"] = self._messages_list[item]
+        if self.return_full_prompt:
+            out["full_prompts"] = self._texts[item]
         return out
 
     def data_sources(self) -> list[str]:

@@ -10,10 +10,17 @@ On-policy updates (one epoch, one mini-batch: no optimizer step before any row's
 separate old-log-prob pass: the policy that sampled is the policy being differentiated, so the batch
 may omit `old_log_probs` and the update uses its own log-probs, detached (ratio 1, gradient of the
 log-prob), which is the same loss and gradient without one forward pass over the batch.
+
+Log-probs and entropies come from the logits (the response positions only), or, with the engine's fused
+head (`model.use_fused_kernels`, see `hybridflow.engines.fused_head`), from hidden states without the
+logits. `LogProbKernels` holds a role's other kernel/memory keys: torch.compile of the per-chunk
+log-prob/entropy formulas, entropy recomputed in backward.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,6 +31,12 @@ from hybridflow.algorithms import (
     get_policy_loss_fn,
     kl_penalty,
     logprobs_from_logits,
+)
+from hybridflow.algorithms.torch_functional import (
+    CompiledOrEager,
+    entropy_checkpointed,
+    entropy_rows,
+    logprob_rows,
 )
 from hybridflow.engines.batching import (
     MetricAccumulator,
@@ -58,6 +71,34 @@ def response_logits(engine: FSDPEngine, micro: DataProto, temperature: float) ->
     return logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
 
 
+def fused_response_log_probs(
+    engine: FSDPEngine, micro: DataProto, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of `responses` from the engine's fused head: no vocabulary-sized logits."""
+    b = micro.batch
+    fused = {"labels": b["responses"].to(engine.device), "temperature": temperature, "with_entropy": with_entropy}
+    out = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], fused=fused)
+    return out["log_probs"], out["entropy"]
+
+
+@dataclass(frozen=True)
+class LogProbKernels:
+    """A role's log-prob/entropy kernel keys (verl's names on actor and ref)."""
+
+    use_torch_compile: bool = False
+    """torch.compile the per-chunk log-prob and entropy formulas (verl compiles its entropy function)."""
+    entropy_checkpointing: bool = False
+    """Recompute the entropy's softmax in backward instead of saving it (training only)."""
+
+    @classmethod
+    def of(cls, role: Any) -> LogProbKernels:
+        """The kernel keys of a role config (actor or ref section; missing keys: off)."""
+        return cls(
+            use_torch_compile=bool(_get(role, "use_torch_compile", False)),
+            entropy_checkpointing=bool(_get(role, "entropy_checkpointing", False)),
+        )
+
+
 def rollout_mismatch_metrics(
     actor_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, mask: torch.Tensor
 ) -> dict[str, torch.Tensor]:
@@ -80,11 +121,35 @@ def rollout_mismatch_metrics(
 class PPOActor:
     """Policy-gradient training and log-prob computation for one rank's share of a batch."""
 
-    def __init__(self, engine: FSDPEngine, config: Any = None, seed: int = 0) -> None:
+    def __init__(self, engine: FSDPEngine, config: Any = None, seed: int = 0, kernels: LogProbKernels | None = None) -> None:
         self.engine = engine
         self.config = config
         self.seed = seed
         self._updates = 0
+        self.kernels = kernels if kernels is not None else LogProbKernels.of(config)
+        compile_ = self.kernels.use_torch_compile and engine.fused_head is None  # the fused head has no logits
+        self._logprob_rows = CompiledOrEager(logprob_rows, "the log-prob from logits") if compile_ else None
+        self._entropy_rows = CompiledOrEager(entropy_rows, "the entropy from logits") if compile_ else None
+
+    def response_log_probs(
+        self, micro: DataProto, temperature: float, with_entropy: bool = False, entropy_grad: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (b, R) of the micro-batch's responses and, when asked, entropies (fp32, on the device).
+
+        `entropy_grad=False`: the entropy is only logged, so no graph is kept for it.
+        """
+        if self.engine.fused_head is not None:
+            log_prob, entropy = fused_response_log_probs(self.engine, micro, temperature, with_entropy)
+            return log_prob, entropy.detach() if entropy is not None and not entropy_grad else entropy
+        logits = response_logits(self.engine, micro, temperature)
+        log_prob = logprobs_from_logits(logits, micro.batch["responses"].to(logits.device), rows_fn=self._logprob_rows)
+        if not with_entropy:
+            return log_prob, None
+        entropy_fn = partial(entropy_from_logits, rows_fn=self._entropy_rows)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            if self.kernels.entropy_checkpointing:
+                return log_prob, entropy_checkpointed(logits, entropy_fn)
+            return log_prob, entropy_fn(logits)
 
     def compute_log_prob(
         self,
@@ -108,13 +173,37 @@ class PPOActor:
         with torch.no_grad():
             for idx in plan_micro_batches(inputs, micro_batch_size, max_token_len, self.engine.max_over_ranks):
                 micro = inputs.select_idxs(idx)
-                logits = response_logits(self.engine, micro, temperature)
-                responses = micro.batch["responses"].to(logits.device)
-                log_probs[idx] = logprobs_from_logits(logits, responses).float().cpu()
-                if entropys is not None:
-                    entropys[idx] = entropy_from_logits(logits).float().cpu()
+                log_prob, entropy = self.response_log_probs(micro, temperature, with_entropy=entropys is not None)
+                log_probs[idx] = log_prob.float().cpu()
+                if entropys is not None and entropy is not None:
+                    entropys[idx] = entropy.float().cpu()
         self.engine.module.train(was_training)
         return log_probs, entropys
+
+    def compute_sum_pi_squared(
+        self, data: DataProto, micro_batch_size: int | None = None, max_token_len: int | None = None
+    ) -> torch.Tensor:
+        """Sum over the vocabulary of pi^2 per response token (b, R), for the optimal token baselines.
+
+        sum_v pi_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)) of the logits z (verl's logit-gradient proxy,
+        arXiv 2602.07078). Its own forward pass (actor.calculate_sum_pi_squared=true only).
+        """
+        if self.engine.fused_head is not None:
+            raise ValueError(
+                "actor.calculate_sum_pi_squared needs the logits, which the fused log-prob kernel never builds; "
+                "turn the fused kernels off (use_fused_kernels=false) to use the optimal_token_baseline estimators"
+            )
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        inputs = data.select(list(MODEL_INPUTS))
+        out = torch.zeros(inputs.batch["responses"].shape)
+        was_training = self.engine.module.training
+        self.engine.module.eval()
+        with torch.no_grad():
+            for idx in plan_micro_batches(inputs, micro_batch_size, max_token_len, self.engine.max_over_ranks):
+                logits = response_logits(self.engine, inputs.select_idxs(idx), temperature).float()
+                out[idx] = torch.exp(torch.logsumexp(2 * logits, -1) - 2 * torch.logsumexp(logits, -1)).cpu()
+        self.engine.module.train(was_training)
+        return out
 
     def update_policy(
         self,
@@ -170,8 +259,9 @@ class PPOActor:
                     b = micro.batch
                     device = self.engine.device
                     mask = b["response_mask"].to(device)
-                    logits = response_logits(self.engine, micro, temperature)
-                    log_prob = logprobs_from_logits(logits, b["responses"].to(device))
+                    log_prob, entropy_tok = self.response_log_probs(
+                        micro, temperature, with_entropy=entropy_coeff != 0 or on_policy, entropy_grad=entropy_coeff != 0
+                    )
                     old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"].to(device)
                     rollout_log_probs = b["rollout_log_probs"].to(device) if "rollout_log_probs" in b else None
                     pg_loss, pg_metrics = policy_loss_fn(
@@ -188,13 +278,13 @@ class PPOActor:
                     metrics: dict[str, Any] = {"actor/pg_loss": pg_loss.detach(), **pg_metrics}
                     if rollout_log_probs is not None and epoch == 0:
                         metrics.update(rollout_mismatch_metrics(old_log_prob, rollout_log_probs, mask))
-                    if entropy_coeff != 0:
-                        entropy = agg_loss(entropy_from_logits(logits), mask, mode)
+                    if entropy_coeff != 0 and entropy_tok is not None:
+                        entropy = agg_loss(entropy_tok, mask, mode)
                         loss = loss - entropy_coeff * entropy
                         metrics["actor/entropy"] = entropy.detach()
-                    elif on_policy:  # no old-log-prob pass logged the policy's entropy: log it here
+                    elif on_policy and entropy_tok is not None:  # no old-log-prob pass logged the entropy: log it here
                         with torch.no_grad():
-                            metrics["actor/entropy"] = agg_loss(entropy_from_logits(logits), mask, "token-mean")
+                            metrics["actor/entropy"] = agg_loss(entropy_tok.detach(), mask, "token-mean")
                     if use_kl:
                         kld = kl_penalty(log_prob, b["ref_log_prob"].to(device), kl_type)
                         kl_loss = agg_loss(kld, mask, mode)

@@ -14,6 +14,11 @@ wrapped as a peft model before sharding (FSDP2 over the peft model), only the ad
 the optimizer, `full_state_dict` returns the merged weights under the base model's names (what every
 rollout engine and the exporter load), `trainable_state_dict` the adapter alone (what checkpoints hold),
 and `adapter_disabled()` runs the base model: the reference policy without a second copy of the weights.
+
+Ulysses sequence parallelism (`sequence_parallel_size` > 1, see `hybridflow.engines.ulysses`): groups of
+that many consecutive ranks hold the same rows and split each sequence's positions between them inside
+`forward`, which still returns the whole sequence's outputs; FSDP still shards over all ranks, and the
+data-parallel size is `world_size // sequence_parallel_size` (`data_parallel_size`).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.engines import lora
+from hybridflow.engines import fused_head, lora
 from hybridflow.engines.optim import build_lr_scheduler, build_optimizer
+from hybridflow.engines.ulysses import SequenceGroups, UlyssesModel, build_groups, check_sequence_parallel
 
 ModelKind = Literal["causal_lm", "value"]
 
@@ -186,6 +192,7 @@ class FSDPEngine:
         grad_clip: float | None = 1.0,
         seed: int = 0,
         cpu_mixed_precision: bool = False,
+        sequence_parallel_size: int = 1,
     ) -> None:
         self.device = resolve_device(device)
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -203,6 +210,7 @@ class FSDPEngine:
             trust_remote_code=bool(_get(model_config, "trust_remote_code", False)),
         )
         self.hf_config = module.config
+        fused_head.apply_liger(module, model_config, self.device)  # model.use_liger (CUDA, liger-kernel installed)
         self.model_path = model_path
         self.tokenizer_path = str(_get(model_config, "tokenizer_path", None) or model_path)
         self.hf_class_name = type(module).__name__
@@ -221,7 +229,17 @@ class FSDPEngine:
             module = lora.apply_lora(module, model_config, model_path)  # peft keeps the base model's forward
             self.lora_layout = lora.lora_layout(module)
         module.to(self.device)
+        # Ulysses sequence parallelism (see hybridflow.engines.ulysses): installed before sharding, on the
+        # HF model (a peft wrapper's too); the data-parallel size is then world // sp.
+        check_sequence_parallel(sequence_parallel_size, self.world_size, self.hf_config)
+        self.sp: SequenceGroups | None = None
+        self.ulysses: UlyssesModel | None = None
+        if sequence_parallel_size > 1:
+            self.sp = build_groups(self.world_size, self.rank, sequence_parallel_size)
+            self.ulysses = UlyssesModel(module, self.hf_config, self.sp.group, sequence_parallel_size)
         self.module: nn.Module = self._shard(module, fsdp_config, layer_names) if self.distributed else module
+        # model.use_fused_kernels: log-probs from hidden states inside the root's forward (see fused_head)
+        self.fused_head = fused_head.maybe_install(self.module, kind, model_config)
         self.autocast_dtype = autocast_dtype(self.device.type, fsdp_config, sharded=self.distributed,
                                              cpu_mixed_precision=cpu_mixed_precision)
         self.optimizer: torch.optim.Optimizer | None = None
@@ -271,6 +289,7 @@ class FSDPEngine:
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         logits_to_keep: int | torch.Tensor = 0,
+        fused: dict[str, Any] | None = None,
     ) -> Any:
         """The model's fp32 logits for the last positions (causal LM: (b, T', vocab); value model: (b, T', 1)).
 
@@ -279,24 +298,46 @@ class FSDPEngine:
         `logits_to_keep` > 0 only that many last positions are guaranteed (all of them when the model
         cannot restrict its head). A 1-D tensor of negative positions (counted from the end) keeps
         exactly those where the model can restrict its head (HF's `logits_to_keep` tensor form), all
-        positions otherwise. Callers index from the end.
+        positions otherwise. Callers index from the end. With `fused` ({labels, temperature, with_entropy};
+        the fused head installed) the model returns `{"log_probs", "entropy"}` of the labels instead.
         """
         extra = {"logits_to_keep": logits_to_keep} if self._keeps(logits_to_keep) else {}
+        if fused is not None:  # the fused head's inputs (labels, temperature): it returns log-probs, not logits
+            if self.fused_head is None:
+                raise RuntimeError("forward(fused=...) on an engine without the fused head (model.use_fused_kernels)")
+            extra = {"fused_head": fused}
         # Left padding that every row has is dropped: nothing attends to it and its outputs are never
         # read (callers index from the end), so the result is the same with less compute.
         used = attention_mask.bool().any(dim=0).nonzero()
         first = int(used[0]) if len(used) else 0
         if first > 0:
             input_ids, attention_mask, position_ids = (t[:, first:] for t in (input_ids, attention_mask, position_ids))
+        input_ids, attention_mask, position_ids = (t.to(self.device) for t in (input_ids, attention_mask, position_ids))
+        mask: torch.Tensor | None = attention_mask
+        if self.ulysses is not None:
+            # This rank's slice of the positions; the Ulysses attention holds the whole sequence's mask
+            # and the backbone's output comes back gathered, so the head and callers see every position.
+            input_ids, position_ids = self.ulysses.prepare(input_ids, attention_mask, position_ids)
+            mask = None
         with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             out = self.module(
-                input_ids=input_ids.to(self.device),
-                attention_mask=attention_mask.to(self.device),
-                position_ids=position_ids.to(self.device),
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=position_ids,
                 use_cache=False,
                 **extra,
             )
-        return out.logits.float()
+        return out if fused is not None else out.logits.float()
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        """Ranks that split each sequence between them (Ulysses); 1 without sequence parallelism."""
+        return self.sp.sp if self.sp is not None else 1
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Groups of ranks that hold different rows: world_size // sequence_parallel_size."""
+        return self.world_size // self.sequence_parallel_size
 
     def _keeps(self, logits_to_keep: int | torch.Tensor) -> bool:
         """Whether the model is asked to project only some positions onto the vocabulary."""

@@ -3,7 +3,11 @@
 A manager decodes each response (its valid tokens only), scores it with the data source's scorer or a
 custom function, and writes the score on the last valid response token of a ``(batch, response_len)``
 tensor; advantage estimators read it from there. ``kind="dapo"`` adds DAPO's soft overlong punishment;
-``kind="batch"`` calls a user function once per batch with lists (verl's BatchRewardManager contract).
+``kind="batch"`` calls a user function once per batch with lists (verl's BatchRewardManager contract);
+``kind="prime"`` is verl's PrimeRewardManager (from the PRIME recipe, Cui et al. 2025, arXiv 2502.01456):
+every response scored in parallel processes under a per-response timeout, a failure or overrun scoring 0,
+a sequence result read as its first element, and the score returned as the batch's ``acc`` (PRIME's
+verified accuracy), nothing else.
 Every call runs under ``score_timeout_s`` (`hybridflow.rewards.pool`): a response whose scoring overruns
 or raises gets reward 0 and counts in ``reward/timeouts`` or ``reward/errors``, which ``return_dict``
 returns under ``reward_metrics``; the first such response of a batch is logged, shortened.
@@ -28,8 +32,8 @@ from hybridflow.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["naive", "dapo", "batch"]
-KINDS: tuple[str, ...] = ("naive", "dapo", "batch")
+Kind = Literal["naive", "dapo", "batch", "prime"]
+KINDS: tuple[str, ...] = ("naive", "dapo", "batch", "prime")
 DEFAULT_SCORE_TIMEOUT_S = 5.0  # reward_model.score_timeout_s's default
 
 
@@ -225,12 +229,14 @@ class RewardManager:
         ]
         return self._budgeted.run(calls)
 
-    @staticmethod
-    def _checked(outcome: Outcome) -> Outcome:
+    def _checked(self, outcome: Outcome) -> Outcome:
         """An ok outcome whose score is not a finite number (None, "abc", NaN) becomes an error."""
         if outcome.status != "ok":
             return outcome
         value = outcome.value
+        if self.kind == "prime" and isinstance(value, tuple | list) and value:
+            value = value[0]  # verl's PRIME manager reads (score, ...) results by their first element
+            outcome = Outcome("ok", value)
         score = value.get("score", 0.0) if isinstance(value, dict) else value
         try:
             finite = math.isfinite(float(score))
@@ -244,7 +250,7 @@ class RewardManager:
         """The reward of sample ``i`` and its extra info (the scorer's dict keys, overlong shaping);
         0 with no shaping when its scoring overran or failed."""
         if outcome.status != "ok":
-            return 0.0, {"score": 0.0}
+            return 0.0, {"acc": 0.0} if self.kind == "prime" else {"score": 0.0}
         result = outcome.value
         if isinstance(result, dict):
             if "score" not in result:
@@ -258,6 +264,8 @@ class RewardManager:
         else:
             reward = float(result)
             info = {"score": reward}
+        if self.kind == "prime":  # PRIME keeps the verified score only, as the batch's accuracy
+            return reward, {"acc": reward}
         if self.overlong_buffer_enable and self.max_response_length is not None:
             penalty = overlong_penalty(
                 length, self.max_response_length, self.overlong_buffer_len, self.overlong_penalty_factor

@@ -46,6 +46,15 @@ def apply_kl_in_reward(batch: DataProto, kl_ctrl: Any, kl_penalty_type: str) -> 
     return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
 
 
+def estimator_non_tensors(batch: DataProto) -> dict[str, Any]:
+    """The batch's non-tensor data with the reward's extra outputs also under their own names, as verl's
+    estimators see them (gdpo reads its reward components by name)."""
+    prefix = "reward_extra/"
+    ntb = dict(batch.non_tensor_batch)
+    ntb.update({k[len(prefix):]: v for k, v in batch.non_tensor_batch.items() if k.startswith(prefix)})
+    return ntb
+
+
 def compute_advantage(batch: DataProto, algorithm_cfg: Any, actor_cfg: Any = None) -> DataProto:
     """Fill `advantages` and `returns` with the configured estimator; every estimator gets the same call."""
     estimator = get_adv_estimator_fn(algorithm_cfg.adv_estimator)
@@ -61,6 +70,10 @@ def compute_advantage(batch: DataProto, algorithm_cfg: Any, actor_cfg: Any = Non
         config=algorithm_cfg,
         old_log_probs=batch.batch.get("old_log_probs"),
         ref_log_prob=batch.batch.get("ref_log_prob"),
+        sum_pi_squared=batch.batch.get("sum_pi_squared"),
+        rollout_is_weights=batch.batch.get("rollout_is_weights"),
+        non_tensor_batch=estimator_non_tensors(batch),
+        batch=batch.batch,
     )
     if "distillation_losses" in batch.batch:  # on-policy distillation (see apply_distillation)
         distill = batch.meta_info["distillation"]

@@ -22,6 +22,7 @@ import torch
 
 from hybridflow import checkpoint as ck
 from hybridflow.algorithms import filter_groups, get_kl_controller
+from hybridflow.profiling import StepProfiler
 from hybridflow.progress import choose_wandb_run_id, read_progress_or_warn
 from hybridflow.protocol import DataProto
 from hybridflow.tracking import Tracking
@@ -86,7 +87,10 @@ def needs_old_log_prob_pass(config: Any) -> bool:
     if correction.enabled or config.async_training.enabled:  # decoupled: pi_old != pi_rollout, both needed
         return True
     on_policy = actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= config.data.train_batch_size
-    reads_them = config.algorithm.use_kl_in_reward or config.algorithm.adv_estimator == "online_dpo"
+    reads_them = (  # the optimal token baselines read sum_pi_squared, which the same pass computes
+        config.algorithm.use_kl_in_reward or config.algorithm.adv_estimator == "online_dpo"
+        or actor.calculate_sum_pi_squared
+    )
     return not on_policy or bool(reads_them)
 
 
@@ -154,6 +158,7 @@ class RayPPOTrainer:
             wandb_run_id=wandb_run_id,
         )
         previous_handler = self._install_sigterm_handler()
+        profiler = StepProfiler(self.config, self._groups(), log=self.log)  # global_profiler.steps (tool=torch)
         try:
             if (
                 self.config.trainer.val_before_train
@@ -163,7 +168,9 @@ class RayPPOTrainer:
                 self.tracker.log(self.validate(), step=0)
             while self.global_step < self.total_training_steps:
                 self.global_step += 1
+                profiler.before_step(self.global_step)
                 metrics = self.train_step()
+                profiler.after_step(self.global_step)
                 last = self.global_step >= self.total_training_steps
                 if self._due(self.config.trainer.test_freq, last) and self.val_dataloader is not None:
                     started = time.perf_counter()
@@ -182,6 +189,7 @@ class RayPPOTrainer:
                     )
                     break
         finally:
+            profiler.close()  # a trace still running (the run stopped inside a profiled window) is written
             if previous_handler is not None:
                 signal.signal(signal.SIGTERM, previous_handler)
             self.tracker.finish()
@@ -221,6 +229,7 @@ class RayPPOTrainer:
                 with timed("update_actor", timings):
                     metrics.update(self.update_actor(batch))
         metrics.update(compute_data_metrics(batch, self.use_critic))
+        self._update_curriculum(batch)
         metrics.update(compute_timing_metrics(timings))
         metrics.update(compute_throughput_metrics(batch, timings["step"], self.workers.world_size))
         metrics["training/global_step"] = float(self.global_step)
@@ -537,6 +546,17 @@ class RayPPOTrainer:
         return state
 
     # ---- helpers --------------------------------------------------------------------------------
+
+    def _groups(self) -> list[Any]:
+        """The trainer-side worker groups (profiled ones among them)."""
+        w = self.workers
+        return [g for g in (w.actor_rollout, w.critic, w.rollout) if g is not None]
+
+    def _update_curriculum(self, batch: DataProto) -> None:
+        """verl's curriculum sampler (data.sampler with update(batch)) sees each step's scored batch."""
+        update = getattr(self.train_dataloader, "update_sampler", None)
+        if update is not None and not self.streaming:
+            update(batch)
 
     def _rollout_group(self) -> Any:
         if self.workers.rollout_service is not None:

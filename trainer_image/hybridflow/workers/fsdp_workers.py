@@ -28,10 +28,12 @@ import torch
 
 from hybridflow.config import HybridFlowConfig, parse_config
 from hybridflow.controller import Dispatch, Worker, register
-from hybridflow.engines.actor import PPOActor
+from hybridflow.engines.actor import LogProbKernels, PPOActor
 from hybridflow.engines.critic import PPOCritic
 from hybridflow.engines.fsdp_engine import FSDPEngine
 from hybridflow.engines.lora import lora_enabled
+from hybridflow.engines.ulysses import own_rows, shared_rows
+from hybridflow.profiling import WorkerProfiler, profiled
 from hybridflow.protocol import DataProto
 from hybridflow.workers.ckpt_io import load_engine_checkpoint, save_engine_checkpoint
 from hybridflow.workers.cpu_slots import cpu_threads
@@ -69,6 +71,11 @@ def log_prob_budget(role: Any) -> int | None:
     return role.log_prob_max_token_len_per_gpu if role.log_prob_use_dynamic_bsz else None
 
 
+def sp_budget(budget: int | None, engine: FSDPEngine) -> int | None:
+    """A per-GPU token budget in whole-sequence tokens: with Ulysses each rank holds 1/sp of every row (verl: x sp)."""
+    return None if budget is None else budget * engine.sequence_parallel_size
+
+
 class _DistributedWorker(Worker):
     """Shared set-up: config, device, torch.distributed (gloo on CPU, NCCL on GPU)."""
 
@@ -82,6 +89,26 @@ class _DistributedWorker(Worker):
             # them, and one worker on a whole machine uses every core. Set before any vLLM engine
             # starts (vLLM-CPU turns torch.set_num_threads into a no-op afterwards).
             torch.set_num_threads(cpu_threads(self.config))
+        self.profiler: WorkerProfiler | None = None
+
+    def _profile_roles(self) -> tuple[str, ...]:
+        """The sub-roles whose profiler sections this worker reads (none by default)."""
+        return ()
+
+    def _profile_name(self) -> str:
+        return type(self).__name__
+
+    @register(Dispatch.ONE_TO_ALL)
+    def start_profile(self, label: str) -> None:
+        """Start this rank's torch.profiler trace of a profiled step (`label`: global_step_N), if it is chosen."""
+        if self.profiler is None:
+            self.profiler = WorkerProfiler(self.config, self._profile_roles(), self.rank, self._profile_name())
+        self.profiler.start(label)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def stop_profile(self) -> list[str]:
+        """End the profiled step: write this rank's trace(s); returns their URIs."""
+        return self.profiler.stop() if self.profiler is not None else []
 
     def _engine(self, path: str, **kwargs: Any) -> FSDPEngine:
         """An FSDP engine on this worker's device, with the run's CPU mixed-precision choice."""
@@ -107,6 +134,12 @@ class ActorRolloutRefWorker(_DistributedWorker):
         self.ref: PPOActor | None = None
         self.rollout: Any = None
 
+    def _profile_roles(self) -> tuple[str, ...]:
+        return tuple(sorted(self.roles))
+
+    def _profile_name(self) -> str:
+        return self.role
+
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Build the engines of this worker's roles (loads the model folder on every rank)."""
@@ -127,6 +160,7 @@ class ActorRolloutRefWorker(_DistributedWorker):
                 total_steps=total if total and total > 0 else None,
                 grad_clip=actor_cfg.grad_clip,
                 seed=seed,
+                sequence_parallel_size=actor_cfg.ulysses_sequence_parallel_size,
             )
             self.actor = PPOActor(engine, actor_cfg, seed=seed)
         if "ref" in self.roles:
@@ -139,15 +173,17 @@ class ActorRolloutRefWorker(_DistributedWorker):
         """The reference policy: a frozen copy of the model, or with LoRA the actor's base model (adapter off)."""
         arr = self.config.actor_rollout_ref
         if self.actor is not None and self.actor.engine.lora:
-            return PPOActor(self.actor.engine, arr.actor, seed=seed)  # no second copy of the weights
+            # no second copy of the weights; the reference's own kernel keys (use_torch_compile)
+            return PPOActor(self.actor.engine, arr.actor, seed=seed, kernels=LogProbKernels.of(arr.ref))
         if lora_enabled(arr.model):
             raise ValueError(
                 f"worker role {self.role!r}: with LoRA (actor_rollout_ref.model.lora_rank > 0) the reference policy is "
                 "the actor's base model with the adapter disabled, so the reference must live in the actor's worker "
                 "(role actor_ref or actor_rollout_ref), not in a group of its own"
             )
-        engine = self._engine(path, model_config=arr.model, fsdp_config=arr.ref.fsdp_config)
-        return PPOActor(engine, arr.actor, seed=seed)
+        engine = self._engine(path, model_config=arr.model, fsdp_config=arr.ref.fsdp_config,
+                              sequence_parallel_size=arr.ref.ulysses_sequence_parallel_size or 1)
+        return PPOActor(engine, arr.actor, seed=seed, kernels=LogProbKernels.of(arr.ref))
 
     def _build_rollout(self, path: str) -> Any:
         from hybridflow.engines.fsdp_engine import import_external_lib
@@ -167,6 +203,7 @@ class ActorRolloutRefWorker(_DistributedWorker):
         data.meta_info.setdefault("temperature", self.config.actor_rollout_ref.rollout.temperature)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
+    @profiled("rollout")
     def generate_sequences(self, prompts: DataProto) -> DataProto:
         """Responses for this rank's prompts; meta_info: do_sample, temperature, top_p, top_k, n, validate."""
         if self.rollout is None:
@@ -180,45 +217,56 @@ class ActorRolloutRefWorker(_DistributedWorker):
         return self.rollout.generate(prompts)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
+    @profiled("actor")
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """Old log-probs and entropies of the responses under the current actor."""
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob on a worker with role {self.role!r}, which has no actor")
         self._temperature(data)
-        rollout = self.config.actor_rollout_ref.rollout
+        rollout, engine = self.config.actor_rollout_ref.rollout, self.actor.engine
+        data, sizes = shared_rows(engine.sp, data)  # Ulysses: the group's rows, each sequence split between them
         log_probs, entropys = self.actor.compute_log_prob(
             data,
             rollout.log_prob_micro_batch_size_per_gpu,
             calculate_entropy=True,
-            max_token_len=log_prob_budget(rollout),
+            max_token_len=sp_budget(log_prob_budget(rollout), engine),
         )
-        return DataProto.from_dict(
-            tensors={"old_log_probs": log_probs, "entropys": entropys},
-            meta_info={"temperature": data.meta_info["temperature"]},
-        )
+        tensors = {"old_log_probs": log_probs, "entropys": entropys}
+        if self.config.actor_rollout_ref.actor.calculate_sum_pi_squared:  # the optimal token baselines read it
+            tensors["sum_pi_squared"] = self.actor.compute_sum_pi_squared(
+                data, rollout.log_prob_micro_batch_size_per_gpu, max_token_len=sp_budget(log_prob_budget(rollout), engine)
+            )
+        out = DataProto.from_dict(tensors=tensors, meta_info={"temperature": data.meta_info["temperature"]})
+        return own_rows(engine.sp, out, sizes)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
+    @profiled("ref")
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs of the responses under the frozen reference policy."""
         if self.ref is None:
             raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r}, which has no ref")
         self._temperature(data)
-        ref = self.config.actor_rollout_ref.ref
-        with self.ref.engine.adapter_disabled():  # LoRA: the base model; otherwise the frozen copy as it is
+        ref, engine = self.config.actor_rollout_ref.ref, self.ref.engine
+        data, sizes = shared_rows(engine.sp, data)
+        with engine.adapter_disabled():  # LoRA: the base model; otherwise the frozen copy as it is
             log_probs, _ = self.ref.compute_log_prob(
-                data, ref.log_prob_micro_batch_size_per_gpu, max_token_len=log_prob_budget(ref)
+                data, ref.log_prob_micro_batch_size_per_gpu, max_token_len=sp_budget(log_prob_budget(ref), engine)
             )
-        return DataProto.from_dict(tensors={"ref_log_prob": log_probs})
+        return own_rows(engine.sp, DataProto.from_dict(tensors={"ref_log_prob": log_probs}), sizes)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
+    @profiled("actor")
     def update_actor(self, data: DataProto) -> DataProto:
         """PPO update on this rank's rows, then the colocated rollout gets the new weights."""
         if self.actor is None:
             raise RuntimeError(f"update_actor on a worker with role {self.role!r}, which has no actor")
         self._temperature(data)
-        arr = self.config.actor_rollout_ref
-        mini = per_rank(arr.actor.ppo_mini_batch_size * arr.rollout.n, self.world_size, "actor.ppo_mini_batch_size x rollout.n")
-        budget = arr.actor.ppo_max_token_len_per_gpu if arr.actor.use_dynamic_bsz else None
+        arr, engine = self.config.actor_rollout_ref, self.actor.engine
+        data, _ = shared_rows(engine.sp, data)
+        # Mini-batches split over the data-parallel ranks: world // ulysses size (verl's normalisation)
+        mini = per_rank(arr.actor.ppo_mini_batch_size * arr.rollout.n, engine.data_parallel_size,
+                        "actor.ppo_mini_batch_size x rollout.n")
+        budget = sp_budget(arr.actor.ppo_max_token_len_per_gpu if arr.actor.use_dynamic_bsz else None, engine)
         metrics = self.actor.update_policy(data, mini, arr.actor.ppo_micro_batch_size_per_gpu, max_token_len=budget)
         self._sync_rollout()
         return DataProto(meta_info={"metrics": metrics})
@@ -261,6 +309,12 @@ class CriticWorker(_DistributedWorker):
         super().__init__(config)
         self.critic: PPOCritic | None = None
 
+    def _profile_roles(self) -> tuple[str, ...]:
+        return ("critic",)
+
+    def _profile_name(self) -> str:
+        return "critic"
+
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Build the value model (from critic.model.path, else the policy's) and its optimizer."""
@@ -279,13 +333,17 @@ class CriticWorker(_DistributedWorker):
             total_steps=total if total and total > 0 else None,
             grad_clip=c.grad_clip,
             seed=self.config.trainer.seed,
+            sequence_parallel_size=c.ulysses_sequence_parallel_size,
         )
         # null critic settings (loss_agg_mode, ppo_epochs, shuffle, ...) were filled from the actor's by the config
         self.critic = PPOCritic(engine, c, seed=self.config.trainer.seed)
 
-    def _token_budget(self) -> int | None:
+    def _token_budget(self, forward_only: bool = False) -> int | None:
+        """The critic's token budget with use_dynamic_bsz: the value forward's (forward_max_...) or training's."""
         c = self.config.critic
-        return c.ppo_max_token_len_per_gpu if c.use_dynamic_bsz else None
+        if not c.use_dynamic_bsz:
+            return None
+        return c.forward_max_token_len_per_gpu if forward_only else c.ppo_max_token_len_per_gpu
 
     def _require(self) -> PPOCritic:
         if self.critic is None:
@@ -293,21 +351,29 @@ class CriticWorker(_DistributedWorker):
         return self.critic
 
     @register(Dispatch.DP_COMPUTE_PROTO)
+    @profiled("critic")
     def compute_values(self, data: DataProto) -> DataProto:
         """Values (b, R) of the response positions."""
-        values = self._require().compute_values(
-            data, self.config.critic.ppo_micro_batch_size_per_gpu, max_token_len=self._token_budget()
+        critic = self._require()
+        data, sizes = shared_rows(critic.engine.sp, data)  # Ulysses: the group's rows, as in the actor
+        values = critic.compute_values(
+            data, self.config.critic.ppo_micro_batch_size_per_gpu,
+            max_token_len=sp_budget(self._token_budget(forward_only=True), critic.engine),
         )
-        return DataProto.from_dict(tensors={"values": values})
+        return own_rows(critic.engine.sp, DataProto.from_dict(tensors={"values": values}), sizes)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
+    @profiled("critic")
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss update on this rank's rows; metrics in meta_info."""
         n = self.config.actor_rollout_ref.rollout.n
         mini_prompts = self.config.critic.ppo_mini_batch_size
-        mini = per_rank(mini_prompts * n, self.world_size, "critic.ppo_mini_batch_size x rollout.n")
-        metrics = self._require().update_critic(
-            data, mini, self.config.critic.ppo_micro_batch_size_per_gpu, max_token_len=self._token_budget()
+        critic = self._require()
+        data, _ = shared_rows(critic.engine.sp, data)
+        mini = per_rank(mini_prompts * n, critic.engine.data_parallel_size, "critic.ppo_mini_batch_size x rollout.n")
+        metrics = critic.update_critic(
+            data, mini, self.config.critic.ppo_micro_batch_size_per_gpu,
+            max_token_len=sp_budget(self._token_budget(), critic.engine),
         )
         return DataProto(meta_info={"metrics": metrics})
 
