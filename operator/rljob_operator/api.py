@@ -224,6 +224,41 @@ class ExportSpec(_Model):
     )
 
 
+class SmokeRunSpec(_Model):
+    """A short run at the smallest size before the full one: catches a broken image, config, data path or
+    storage credentials before the full GPU request is made.
+
+    Only `steps` is usually set: the rest defaults to the smallest shape the trainer accepts, derived from
+    spec.config with the trainer's own rules (rljob_operator.smoke): one node, the fewest GPUs the config
+    allows (e.g. rollout.tensor_model_parallel_size), the smallest batch that splits over them.
+    """
+
+    steps: int = Field(
+        default=2, ge=1, le=1000,
+        description="Training steps of the smoke run (its trainer.total_training_steps); it saves a checkpoint after "
+        "the last one, to its own location (<checkpoint location>/smoke-run), never where the full run resumes from.",
+    )
+    train_batch_size: int | None = Field(
+        default=None, ge=1,
+        description="Prompts per step of the smoke run (rows with spec.recipe sft or dpo): its data.train_batch_size; "
+        "mini- and micro-batches shrink to fit. Unset: the smallest size the trainer accepts on the smoke run's GPUs.",
+    )
+    nnodes: int = Field(
+        default=1, ge=1,
+        description="Nodes of the smoke run (its trainer.nnodes), at most spec.config.trainer.nnodes.",
+    )
+    n_gpus_per_node: int | None = Field(
+        default=None, ge=1,
+        description="GPUs per node of the smoke run (processes with trainer.device cpu), at most "
+        "spec.config.trainer.n_gpus_per_node. Unset: the fewest the config allows.",
+    )
+    timeout_seconds: int | None = Field(
+        default=None, ge=1,
+        description="Fail the job (reason SmokeRunFailed) when the smoke run has not finished this long after it "
+        "started. Unset: only spec.runPolicy.activeDeadlineSeconds limits it.",
+    )
+
+
 class RunPolicy(_Model):
     """Retries, deadlines and clean-up."""
 
@@ -244,6 +279,13 @@ class RunPolicy(_Model):
         description="Delete the children of a finished job (its RayJobs, their Ray clusters, the ConfigMap) this "
         "many seconds after it succeeded or failed; the RLJob and its status stay (status.childrenDeletedAt "
         "records when). Unset: the children stay until the RLJob is deleted.",
+    )
+    smoke_run: SmokeRunSpec | None = Field(
+        default=None,
+        description="Run a short smoke run first, as its own small RayJob (<name>-smoke): when it succeeds the full "
+        "attempt starts; when it fails the job fails (reason SmokeRunFailed, with the log tail) before the full GPU "
+        "request is made. It runs once per job: not again on retries or after a spec edit of the running full job. "
+        "A failed smoke run is not retried and does not count against backoffLimit. Unset: no smoke run.",
     )
 
 
@@ -348,6 +390,7 @@ class Phase(str, Enum):
     RUNNING = "Running"
     RETRYING = "Retrying"
     RESTARTING = "Restarting"
+    SMOKE_RUN = "SmokeRun"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -356,6 +399,7 @@ class ConditionType(str, Enum):
     """Condition types an RLJob reports."""
 
     VALIDATED = "Validated"
+    SMOKE_RUN_PASSED = "SmokeRunPassed"
     SUSPENDED = "Suspended"
     CLUSTER_READY = "ClusterReady"
     RUNNING = "Running"
@@ -382,7 +426,7 @@ class Condition(_Model):
 class FailureInfo(_Model):
     """What made the most recent attempt fail."""
 
-    attempt: int = Field(description="The attempt number that failed.")
+    attempt: int = Field(description="The attempt number that failed (0: the smoke run, spec.runPolicy.smokeRun).")
     reason: str | None = Field(default=None, description="CamelCase reason (e.g. from the RayJob status).")
     message: str | None = Field(default=None, description="Detail of the failure.")
 
@@ -432,6 +476,23 @@ class ExportStatus(_Model):
     )
 
 
+class SmokeRunStatus(_Model):
+    """The smoke run (spec.runPolicy.smokeRun): its RayJob, the shape it ran at, how it went."""
+
+    ray_job_name: str = Field(description="Name of the smoke run's RayJob.")
+    state: Literal["Pending", "Running", "Passed", "Failed", "Skipped"] = Field(
+        description="Pending (created, not running yet), Running, Passed (the full attempt may start), Failed (the "
+        "job failed with it) or Skipped (spec.runPolicy.smokeRun was removed before it finished).",
+    )
+    steps: int | None = Field(default=None, description="Training steps of the smoke run.")
+    train_batch_size: int | None = Field(default=None, description="Its data.train_batch_size.")
+    nnodes: int | None = Field(default=None, description="Its trainer.nnodes.")
+    n_gpus_per_node: int | None = Field(default=None, description="Its trainer.n_gpus_per_node.")
+    checkpoint_uri: str | None = Field(default=None, description="Where it writes checkpoints and progress.json.")
+    start_time: str | None = Field(default=None, description="RFC 3339 time it was first seen started.")
+    completion_time: str | None = Field(default=None, description="RFC 3339 time it passed or failed.")
+
+
 class RLJobStatus(_Model):
     """Observed state of an RLJob, written by the operator."""
 
@@ -457,6 +518,9 @@ class RLJobStatus(_Model):
         "(spec.runPolicy.ttlSecondsAfterFinished).",
     )
     last_failure: FailureInfo | None = Field(default=None, description="What made the latest attempt fail.")
+    smoke_run: SmokeRunStatus | None = Field(
+        default=None, description="The smoke run (spec.runPolicy.smokeRun); condition SmokeRunPassed sums it up."
+    )
     progress: Progress | None = Field(default=None, description="Training progress.")
     metrics: Metrics | None = Field(default=None, description="Latest training metrics.")
     checkpoint: CheckpointStatus | None = Field(default=None, description="The latest committed checkpoint.")

@@ -1,4 +1,5 @@
-"""Pure builders: the child manifests of an RLJob (one ConfigMap, one KubeRay RayJob per attempt).
+"""Pure builders: the child manifests of an RLJob (one ConfigMap, one KubeRay RayJob per attempt, and the
+smoke run's RayJob when spec.runPolicy.smokeRun is set, see smoke.py).
 
 No I/O, no environment, no clock: the same RLJob and attempt always give the same dicts, so the
 operator can create-or-patch them at any time and `rljob render` shows exactly what would be applied.
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from hybridflow.recipes import TrainerConfigTree, get_recipe
-from rljob_operator import api, names, scheduling
+from rljob_operator import api, names, scheduling, smoke
 
 RAY_API_VERSION = "ray.io/v1"
 #: Ray version inside the trainer image (KubeRay uses it to pick compatible behaviour).
@@ -112,17 +114,24 @@ def _metadata(rljob: api.RLJob, name: str, labels: dict[str, str],
     return meta
 
 
-def build_configmap(rljob: api.RLJob) -> dict[str, Any]:
-    """The ConfigMap `<rljob>-config` with the full resolved trainer config under `config.yaml`.
+def _dump(config: TrainerConfigTree) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False)
 
-    Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
+
+def build_configmap(rljob: api.RLJob) -> dict[str, Any]:
+    """The ConfigMap `<rljob>-config` with the full resolved trainer config under `config.yaml` (and the smoke
+    run's under `smoke-config.yaml` when spec.runPolicy.smokeRun is set).
+
+    Raises hybridflow.config.ConfigError (smoke.SmokeRunError) for an invalid config: validate first (validation.py).
     """
-    text = yaml.safe_dump(trainer_config(rljob).to_dict(), sort_keys=False, default_flow_style=False)
+    data = {names.CONFIG_KEY: _dump(trainer_config(rljob))}
+    if rljob.spec.run_policy.smoke_run is not None:
+        data[names.SMOKE_CONFIG_KEY] = _dump(smoke.derive(rljob).config)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _metadata(rljob, names.config_map_name(rljob.metadata.name), names.base_labels(rljob.metadata.name)),
-        "data": {names.CONFIG_KEY: text},
+        "data": data,
     }
 
 
@@ -155,7 +164,7 @@ def _resources(cpu: api.Quantity, memory: api.Quantity, gpu_name: str, gpus: int
 
 def _pod_template(
     rljob: api.RLJob, attempt: int, container: str, resources: dict[str, Any], ports: list[dict[str, Any]],
-    default_image: str,
+    default_image: str, labels: dict[str, str],
 ) -> dict[str, Any]:
     spec, pod = rljob.spec, rljob.spec.pod
     main: dict[str, Any] = {
@@ -192,7 +201,7 @@ def _pod_template(
         "imagePullSecrets": [{"name": s.name} for s in spec.image_pull_secrets] or None,
     }
     pod_spec.update({k: v for k, v in optional.items() if v is not None})
-    metadata: dict[str, Any] = {"labels": {**pod.labels, **names.attempt_labels(rljob.metadata.name, attempt)}}
+    metadata: dict[str, Any] = {"labels": {**pod.labels, **labels}}
     if pod.annotations:
         metadata["annotations"] = dict(pod.annotations)
     return {"metadata": metadata, "spec": pod_spec}
@@ -207,29 +216,64 @@ def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | N
     Its labels hand it to the scheduler of `spec.scheduling` (scheduling.build_scheduling_labels). Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
     """
     name = rljob.metadata.name
-    nnodes, gpus = cluster_shape(trainer_config(rljob))
+    return _rayjob(rljob, _Run(names.ray_job_name(name, attempt), attempt, names.attempt_labels(name, attempt),
+                               trainer_config(rljob), entrypoint(rljob)), annotations, default_image)
+
+
+def smoke_entrypoint(rljob: api.RLJob, shape: smoke.SmokeShape) -> str:
+    """The smoke run's entrypoint: its own config file and checkpoint folder, never resuming (smoke.py)."""
+    argv = ["python", "-m", get_recipe(rljob.spec.recipe).module, names.SMOKE_CONFIG_PATH,
+            f"trainer.default_local_dir={shape.location}", "trainer.resume_mode=disable"]
+    return shlex.join(argv)
+
+
+def build_smoke_rayjob(rljob: api.RLJob, annotations: dict[str, str] | None = None, *,
+                       default_image: str = api.DEFAULT_IMAGE) -> dict[str, Any]:
+    """The RayJob `<rljob>-smoke` of the smoke run: the same pods as an attempt's, at the smoke run's size.
+
+    Raises smoke.SmokeRunError when the RLJob sets no smoke run or an impossible one: validate first.
+    """
+    shape = smoke.derive(rljob)
+    name = rljob.metadata.name
+    return _rayjob(rljob, _Run(names.smoke_run_name(name), 0, names.smoke_run_labels(name), shape.config,
+                               smoke_entrypoint(rljob, shape)), annotations, default_image)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What differs between the RayJobs of an RLJob: an attempt's, or the smoke run's (attempt 0)."""
+
+    name: str
+    attempt: int
+    labels: dict[str, str]
+    config: TrainerConfigTree
+    entrypoint: str
+
+
+def _rayjob(rljob: api.RLJob, run: _Run, annotations: dict[str, str] | None, default_image: str) -> dict[str, Any]:
+    nnodes, gpus = cluster_shape(run.config)
     res = rljob.spec.resources
     head = _pod_template(
         rljob,
-        attempt,
+        run.attempt,
         "ray-head",
         _resources(res.head.cpu, res.head.memory, res.gpu_resource_name, 0),
         [{"name": "trainer-metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         default_image,
+        run.labels,
     )
     worker = _pod_template(
-        rljob, attempt, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), [],
-        default_image,
+        rljob, run.attempt, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), [],
+        default_image, run.labels,
     )
-    rayjob_name = names.ray_job_name(name, attempt)
-    labels = {**names.attempt_labels(name, attempt), **scheduling.build_scheduling_labels(rljob, rayjob_name)}
+    labels = {**run.labels, **scheduling.build_scheduling_labels(rljob, run.name)}
     queued = scheduling.admitted_by_kueue(rljob)
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": "RayJob",
-        "metadata": _metadata(rljob, rayjob_name, labels, annotations),
+        "metadata": _metadata(rljob, run.name, labels, annotations),
         "spec": {
-            "entrypoint": entrypoint(rljob),
+            "entrypoint": run.entrypoint,
             "shutdownAfterJobFinishes": True,
             # Kueue admits a queued RayJob by unsuspending it, so it must be created suspended.
             "suspend": bool(rljob.spec.suspend or queued),
@@ -290,3 +334,12 @@ def build_children(rljob: api.RLJob, attempt: int, annotations: dict[str, str] |
     if pod_defaults is not None:
         rljob = with_pod_defaults(rljob, pod_defaults)
     return [build_configmap(rljob), build_rayjob(rljob, attempt, annotations, default_image=default_image)]
+
+
+def build_smoke_children(rljob: api.RLJob, annotations: dict[str, str] | None = None, *,
+                         default_image: str = api.DEFAULT_IMAGE,
+                         pod_defaults: api.PodSpec | None = None) -> list[dict[str, Any]]:
+    """The children of the smoke run, in apply order: the ConfigMap (with both configs), the smoke RayJob."""
+    if pod_defaults is not None:
+        rljob = with_pod_defaults(rljob, pod_defaults)
+    return [build_configmap(rljob), build_smoke_rayjob(rljob, annotations, default_image=default_image)]

@@ -35,6 +35,8 @@ LIVE_FIELDS = ("suspend", "runPolicy")
 ANNOTATION_FINGERPRINT = "rl.hybridflow.dev/spec-fingerprint"
 ANNOTATION_CHECKPOINT = "rl.hybridflow.dev/checkpoint-location"
 ANNOTATION_GENERATION = "rl.hybridflow.dev/spec-generation"
+#: On the smoke run's RayJob: digest of the spec.runPolicy.smokeRun it was built from.
+ANNOTATION_SMOKE_RUN = "rl.hybridflow.dev/smoke-run-spec"
 
 
 def _digest(value: Any) -> str:
@@ -86,6 +88,29 @@ def attempt_annotations(rljob: Obj, location: str) -> dict[str, str]:
         ANNOTATION_CHECKPOINT: location,
         ANNOTATION_GENERATION: str((rljob.get("metadata") or {}).get("generation") or 0),
     }
+
+
+def _smoke_digest(rljob: Obj) -> str:
+    return _digest(((rljob.get("spec") or {}).get("runPolicy") or {}).get("smokeRun"))
+
+
+def smoke_annotations(rljob: Obj, location: str) -> dict[str, str]:
+    """Annotations of the smoke run's RayJob: an attempt's, plus the smokeRun settings it was built from."""
+    return {**attempt_annotations(rljob, location), ANNOTATION_SMOKE_RUN: _smoke_digest(rljob)}
+
+
+def smoke_changed_fields(rljob: Obj, rayjob: Obj) -> list[str]:
+    """Spec fields whose edit makes the running smoke run stale: those of changed_fields, plus
+    runPolicy.smokeRun (live for attempts, but it shapes the smoke run). Same generation guard."""
+    changed = changed_fields(rljob, rayjob)
+    notes = _annotations(rayjob)
+    try:
+        newer = int((rljob.get("metadata") or {}).get("generation") or 0) > int(notes.get(ANNOTATION_GENERATION, ""))
+    except ValueError:
+        return changed
+    if newer and ANNOTATION_SMOKE_RUN in notes and notes[ANNOTATION_SMOKE_RUN] != _smoke_digest(rljob):
+        changed.append("runPolicy.smokeRun")
+    return changed
 
 
 def _annotations(rayjob: Obj) -> dict[str, str]:

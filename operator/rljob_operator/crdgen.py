@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from rljob_operator import api
+from rljob_operator import api, celrules
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
@@ -145,9 +145,23 @@ def _enum_type(values: list[Any], path: str) -> str:
     raise CRDGenerationError(f"{path}: enum {values} mixes types")
 
 
+def with_cel_rules(schema: dict[str, Any], root_model: type[Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with celrules.RULES attached to the models they belong to."""
+    schema = copy.deepcopy(schema)
+    defs = schema.setdefault("$defs", {})
+    for model, rules in celrules.RULES.items():
+        node = schema if model is root_model else defs.get(model.__name__)
+        if node is None:
+            if any(model.__name__ in str(d) for d in defs):
+                raise CRDGenerationError(f"celrules: model {model.__name__} is named differently in the schema")
+            continue  # not part of this schema (e.g. a spec model, when generating status)
+        node["x-kubernetes-validations"] = [r.as_crd() for r in rules]
+    return schema
+
+
 def openapi_schema() -> dict[str, Any]:
     """The openAPIV3Schema of RLJob: apiVersion/kind/metadata plus spec and status from the models."""
-    spec = to_structural(api.RLJobSpec.model_json_schema(mode="validation"))
+    spec = to_structural(with_cel_rules(api.RLJobSpec.model_json_schema(mode="validation"), api.RLJobSpec))
     status = to_structural(api.RLJobStatus.model_json_schema(mode="serialization"))
     return {
         "type": "object",
@@ -160,6 +174,7 @@ def openapi_schema() -> dict[str, Any]:
             "status": status,
         },
         "required": ["spec"],
+        "x-kubernetes-validations": [r.as_crd() for r in celrules.ROOT_RULES],
     }
 
 

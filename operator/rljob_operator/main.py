@@ -19,6 +19,8 @@ def run(argv: list[str]) -> int:
         settings = dataclasses.replace(settings, priority=peering.random_priority())
     identity = peering.own_identity()
     importlib.import_module("rljob_operator.handlers")
+    if settings.webhook is not None:
+        importlib.import_module("rljob_operator.webhook").register()
     kopf.configure(verbose=settings.verbose)
     kopf.run(
         clusterwide=settings.clusterwide,

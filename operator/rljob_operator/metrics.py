@@ -24,7 +24,7 @@ JOBS = Gauge("rljob_jobs", "RLJobs known to this operator, by phase.", ["phase"]
 ATTEMPTS = Counter("rljob_attempts_total", "Attempts started (RayJobs created).", registry=REGISTRY)
 API_ERRORS = Counter("rljob_api_errors_total", "Kubernetes API requests that failed, by verb and HTTP code.",
                      ["verb", "code"], registry=REGISTRY)
-PHASES = ("Pending", "Invalid", "Queued", "Suspended", "Starting", "Running", "Retrying", "Restarting",
+PHASES = ("Pending", "Invalid", "SmokeRun", "Queued", "Suspended", "Starting", "Running", "Retrying", "Restarting",
           "Succeeded", "Failed")
 
 

@@ -22,10 +22,10 @@ import aiohttp
 
 from hybridflow import yamlio
 from rljob_operator import api, changes, metrics, names
-from rljob_operator.builders import RAY_API_VERSION, build_children
+from rljob_operator.builders import RAY_API_VERSION, build_children, build_smoke_children
 from rljob_operator.kube import KubeApiError, KubeClient
 from rljob_operator.settings import TRAINER_METRICS_URL
-from rljob_operator.status import Plan, attempt_of, decide
+from rljob_operator.status import Plan, attempt_of, decide, describe_smoke, is_smoke_run, rayjob_outcome
 from rljob_operator.trainer_progress import (
     PROGRESS_FILE,
     TrainerReport,
@@ -134,29 +134,38 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     ns, name = meta["namespace"], meta["name"]
     owned = [r for r in rayjobs if owned_by(r, rljob)]
     problems = nesting_problems(rljob) or validate_rljob(rljob)
-    plan = decide(rljob, owned, problems, now, stalled=stalled)
-    created_attempt = None
+    smoke_step = await _failed_smoke_step(rljob, owned) if not problems else None
+    plan = decide(rljob, owned, problems, now, stalled=stalled, smoke_step=smoke_step)
+    created_attempt, created_smoke = None, False
     for stale in plan.stop:
         await stop_rayjob(client, ns, stale)
     if plan.delete_config_map:
         await delete_configmap(client, ns, names.config_map_name(name))
-    if plan.attempt is not None:
+    if plan.attempt is not None or plan.smoke:
         model = api.RLJob.model_validate(rljob)
         if plan.checkpoint_uri is not None:  # a change of the location is refused: keep the pinned one
             model.spec.checkpoint.uri = plan.checkpoint_uri
-        configmap, rayjob = build_children(model, plan.attempt, plan.annotations, default_image=default_image,
-                                           pod_defaults=pod_defaults)
-        existing = next((r for r in owned if attempt_of(r) == plan.attempt), None)
+        if plan.smoke:
+            configmap, rayjob = build_smoke_children(model, plan.annotations, default_image=default_image,
+                                                     pod_defaults=pod_defaults)
+            mine = is_smoke_run
+        else:
+            configmap, rayjob = build_children(model, plan.attempt, plan.annotations, default_image=default_image,
+                                               pod_defaults=pod_defaults)
+            mine = lambda r, attempt=plan.attempt: attempt_of(r) == attempt  # noqa: E731
+        existing = next((r for r in owned if mine(r)), None)
         # The ConfigMap is (re)applied when an attempt starts or the spec changed, not on every event.
         if existing is None or meta.get("generation") != (rljob.get("status") or {}).get("observedGeneration"):
             await ensure_configmap(client, configmap)
         current, created = await ensure_rayjob(client, rayjob, existing, plan.suspend)
-        if created:
+        if created and plan.smoke:
+            created_smoke = True
+        elif created:
             metrics.ATTEMPTS.inc()
             created_attempt = plan.attempt
         if created or current is not existing:
             # Decide again with what we just wrote, so the status reflects it in this one write.
-            seen = [r for r in owned if attempt_of(r) != plan.attempt] + [current]
+            seen = [r for r in owned if not mine(r)] + [current]
             first_events = plan.events
             plan = decide(rljob, seen, problems, now)
             reasons = {e.reason for e in first_events}
@@ -167,6 +176,12 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     if plan.status != old_status:
         rljob = await client.patch(api.API_VERSION, api.PLURAL, ns, name,
                                    {"status": _status_patch(old_status, plan.status)}, subresource="status")
+    if created_smoke:
+        smoke = plan.status.get("smokeRun") or {}
+        await client.post_event(rljob, "Normal", "SmokeRunStarted",
+                                f"Created RayJob {names.smoke_run_name(name)}: a smoke run of "
+                                f"{describe_smoke(smoke)}, writing to {smoke.get('checkpointUri')}; the full run "
+                                f"(attempt 1) starts once it succeeds.", now)
     if created_attempt is not None:
         limit = int(((rljob.get("spec") or {}).get("runPolicy") or {}).get("backoffLimit", 3)) + 1
         await client.post_event(rljob, "Normal", "AttemptStarted",
@@ -175,6 +190,25 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     for event in plan.events:
         await client.post_event(rljob, event.type, event.reason, event.message, now)
     return plan, rljob
+
+
+async def _failed_smoke_step(rljob: Obj, rayjobs: list[Obj], timeout: float = 5.0) -> int | None:
+    """The last step a failed smoke run recorded (its progress.json), read once: when its failure is not yet in
+    status. None when it did not fail, is already recorded, or nothing can be read in `timeout` seconds."""
+    smoke = next((r for r in rayjobs if is_smoke_run(r)), None)
+    recorded = (rljob.get("status") or {}).get("smokeRun") or {}
+    if smoke is None or rayjob_outcome(smoke) not in ("failed", "invalid") or recorded.get("state") == "Failed":
+        return None
+    location = changes.pinned_location([smoke]) or recorded.get("checkpointUri")
+    if not location:
+        return None
+    try:
+        data = await asyncio.wait_for(asyncio.to_thread(_read_file, f"{location.rstrip('/')}/{PROGRESS_FILE}"), timeout)
+        report = parse_progress_record(data)
+    except Exception as err:  # not written (it failed before step 1), storage unreachable: the message says less
+        log.debug("no progress record of smoke run %s: %s", smoke["metadata"]["name"], err)
+        return None
+    return report.step if report is not None else None
 
 
 @dataclass

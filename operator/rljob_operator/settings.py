@@ -6,6 +6,7 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -16,6 +17,35 @@ from rljob_operator.validation import pod_problems
 DEFAULT_PEERING = "rljob-operator"
 #: The trainer driver's /metrics through KubeRay's head Service ({cluster}: the RayJob's Ray cluster).
 TRAINER_METRICS_URL = "http://{cluster}-head-svc.{namespace}.svc:{port}/metrics"
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    """How the operator serves its webhook (`rljob operator --webhook-*`)."""
+
+    port: int
+    address: str = "0.0.0.0"
+    #: A folder holding tls.crt and tls.key (e.g. cert-manager's Secret mounted there).
+    cert_dir: Path | None = None
+    #: Self-signed mode: the Secret (in `namespace`) that keeps the CA and the serving certificate.
+    secret: str | None = None
+    #: Namespace of the Secret and of the webhook Service (the pod's own, $POD_NAMESPACE).
+    namespace: str | None = None
+    #: The webhook Service: the certificate is issued for <service>.<namespace>.svc (and its variants).
+    service: str | None = None
+    #: The ValidatingWebhookConfiguration whose caBundle the operator sets (self-signed mode).
+    configuration: str | None = None
+    #: More DNS names or IP addresses for the self-signed certificate (e.g. for a test API server).
+    extra_sans: tuple[str, ...] = ()
+
+    def dns_names(self) -> list[str]:
+        """The names the serving certificate must hold."""
+        names = []
+        if self.service and self.namespace:
+            base = f"{self.service}.{self.namespace}"
+            names = [self.service, base, f"{base}.svc", f"{base}.svc.cluster.local"]
+        return [*names, *self.extra_sans]
+
 
 
 @dataclass(frozen=True)
@@ -31,6 +61,7 @@ class Settings:
     trainer_metrics_url: str = TRAINER_METRICS_URL  # template: {cluster} {namespace} {port} {rljob}
     trainer_image: str = DEFAULT_IMAGE  # pods of RLJobs that set no spec.image
     pod_defaults: PodSpec = field(default_factory=PodSpec)  # under every RLJob's spec.pod
+    webhook: WebhookSettings | None = None  # None: no admission webhook served (--webhook-port 0)
     verbose: bool = False
 
     @property
@@ -80,6 +111,25 @@ def parser() -> argparse.ArgumentParser:
                    help="pod settings for every RLJob, in spec.pod's shape (YAML or JSON), e.g. "
                         "'{serviceAccountName: rl-trainer, tolerations: [{key: nvidia.com/gpu, operator: Exists}]}'; "
                         "an RLJob's own spec.pod wins where it sets something (env RLJOB_POD_DEFAULTS)")
+    hook = p.add_argument_group("validating admission webhook (docs/operations.md, \"Validation at apply time\")")
+    hook.add_argument("--webhook-port", type=int, metavar="PORT",
+                      help="serve the RLJob validating webhook over HTTPS on this port (default 0: no webhook; "
+                           "env RLJOB_WEBHOOK_PORT)")
+    hook.add_argument("--webhook-address", metavar="ADDR", help="address to listen on (default 0.0.0.0)")
+    tls = hook.add_mutually_exclusive_group()
+    tls.add_argument("--webhook-cert-dir", type=Path, metavar="DIR",
+                     help="serve the tls.crt/tls.key found in DIR (e.g. cert-manager's Secret mounted there)")
+    tls.add_argument("--webhook-secret", metavar="NAME",
+                     help="self-signed: keep a CA and serving certificate in this Secret of the pod's namespace "
+                          "(created, shared by replicas, renewed before expiry)")
+    hook.add_argument("--webhook-service", metavar="NAME",
+                      help="the webhook Service; the self-signed certificate is issued for NAME.<namespace>.svc")
+    hook.add_argument("--webhook-namespace", metavar="NS",
+                      help="namespace of the Secret and the Service (default: $POD_NAMESPACE)")
+    hook.add_argument("--webhook-configuration", metavar="NAME",
+                      help="self-signed: the ValidatingWebhookConfiguration whose caBundle the operator sets")
+    hook.add_argument("--webhook-extra-san", action="append", default=[], metavar="NAME",
+                      help="another DNS name or IP address for the self-signed certificate (repeatable)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -127,7 +177,26 @@ def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Set
     return Settings(namespaces=namespaces, peering=peering, priority=priority, peering_lifetime=lifetime,
                     metrics_port=port, resync_seconds=resync, trainer_metrics_url=metrics_url,
                     trainer_image=image.strip() if image else DEFAULT_IMAGE,
-                    pod_defaults=pod_defaults, verbose=args.verbose)
+                    pod_defaults=pod_defaults, webhook=_webhook_settings(args, env), verbose=args.verbose)
+
+
+def _webhook_settings(args: argparse.Namespace, env: Mapping[str, str]) -> WebhookSettings | None:
+    """The webhook flags as WebhookSettings (None without a port); SystemExit naming the fix when incomplete."""
+    port = args.webhook_port if args.webhook_port is not None else _env_int(env, "RLJOB_WEBHOOK_PORT") or 0
+    if not port:
+        return None
+    if not 0 < port < 65536:
+        raise SystemExit(f"rljob operator: --webhook-port {port} is not a TCP port; use 1..65535 (e.g. 9443)")
+    if args.webhook_cert_dir is None and not args.webhook_secret:
+        raise SystemExit("rljob operator: --webhook-port needs a serving certificate: --webhook-cert-dir DIR "
+                         "(tls.crt/tls.key, e.g. from cert-manager) or --webhook-secret NAME (self-signed)")
+    namespace = args.webhook_namespace or env.get("POD_NAMESPACE") or None
+    if args.webhook_secret and not (namespace and (args.webhook_service or args.webhook_extra_san)):
+        raise SystemExit("rljob operator: --webhook-secret needs the namespace (--webhook-namespace or "
+                         "$POD_NAMESPACE) and the names to issue the certificate for (--webhook-service NAME)")
+    return WebhookSettings(port=port, address=args.webhook_address or "0.0.0.0", cert_dir=args.webhook_cert_dir,
+                           secret=args.webhook_secret, namespace=namespace, service=args.webhook_service,
+                           configuration=args.webhook_configuration, extra_sans=tuple(args.webhook_extra_san))
 
 
 def parse_pod_defaults(source: str, text: str | None) -> PodSpec:

@@ -7,6 +7,9 @@ retries remain, a new attempt after a spec edit that needs one (see changes.py),
 finished), the superseded RayJobs to stop, the RayJob's desired `suspend`, the new status and the
 Events of the transitions. No I/O, no clock: `now` is passed in.
 
+The smoke run (spec.runPolicy.smokeRun) comes before attempt 1: `smoke_gate` decides it (create, wait, restart
+after a spec edit, pass, fail) and holds the full attempt back until it passed; see its docstring.
+
 Retries are counted in `status.failedAttempts`, not only from the failed RayJobs still visible: a stalled
 attempt's RayJob is deleted (it still holds the cluster), so it could not be counted later, and restarts
 after stalls must stay bounded by `spec.runPolicy.backoffLimit` (issue 6).
@@ -23,17 +26,22 @@ import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
-from rljob_operator import changes, names
+from rljob_operator import api, changes, names
+from rljob_operator import smoke as smoke_run
 from rljob_operator.scheduling import kueue_queue
 
 Obj = dict[str, Any]
-CONDITION_TYPES = ("Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied")
+CONDITION_TYPES = ("Validated", "SmokeRunPassed", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 #: RayJob outcomes that retrying the same manifest cannot fix (KubeRay rejected the RayJob itself).
 PERMANENT_RAYJOB_FAILURES = ("ValidationFailed",)
 #: RayJob outcomes of an attempt that still holds (or may soon hold) a Ray cluster.
 ACTIVE_OUTCOMES = ("pending", "starting", "running", "suspended")
 SPEC_APPLIED = ("True", "Applied", "Every field of the spec is in effect.")
+#: How much of a failed smoke run's log (the RayJob's status.message, where Ray puts the driver's last lines)
+#: goes into the Failed condition: the end of it, at most this many lines and characters.
+LOG_TAIL_LINES = 25
+LOG_TAIL_CHARS = 3000
 
 
 def rfc3339(now: datetime.datetime) -> str:
@@ -103,11 +111,14 @@ def merge_conditions(old: list[Obj], desired: dict[str, tuple[str, str, str]], n
 
 
 def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended: bool,
-                        failure: Obj | None, spec_applied: tuple[str, str, str]) -> dict[str, tuple[str, str, str]]:
+                        failure: Obj | None, spec_applied: tuple[str, str, str],
+                        smoke: Obj | None = None) -> dict[str, tuple[str, str, str]]:
     if problems:
         msg = "; ".join(problems) + ". Fix the RLJob spec (`rljob validate job.yaml` shows the same checks)."
         return {"Validated": ("False", "InvalidSpec", msg)}
     conds = {"Validated": ("True", "Valid", "The spec passed validation.")}
+    if smoke:
+        conds["SmokeRunPassed"] = smoke_condition(smoke)
     conds["Suspended"] = (("True", "Suspended", "spec.suspend is true: the Ray cluster is released; set it to "
                            "false to resume from the latest checkpoint.") if suspended
                           else ("True", "Queued", "Waiting for Kueue to admit the RayJob.") if phase == "Queued"
@@ -130,13 +141,15 @@ def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended
 def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str], now: datetime.datetime, *,
                    attempt: int, gave_up: bool = False, last_failure: Obj | None = None,
                    restarting: bool = False, spec_applied: tuple[str, str, str] = SPEC_APPLIED,
-                   failed_attempts: int | None = None) -> Obj:
+                   failed_attempts: int | None = None, smoke: Obj | None = None, in_smoke: bool = False) -> Obj:
     """The RLJob status for the current attempt, from the RayJob of that attempt (None: not created yet).
 
     `gave_up`: the attempt failed and no retries are left (phase Failed). `last_failure`: the latest
     failed attempt (kept in status and shown while retrying). `restarting`: a superseded attempt is
     being stopped before this one starts (phase Restarting). `spec_applied`: the SpecApplied condition.
-    `failed_attempts`: attempts that failed so far (None: keep the recorded count).
+    `failed_attempts`: attempts that failed so far (None: keep the recorded count). `smoke`: the new
+    status.smokeRun (None: keep the recorded one). `in_smoke`: `rayjob` is the smoke run's, no attempt
+    has started (phase SmokeRun while it is under way; no attempt or RayJob name in status yet).
     """
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
@@ -157,24 +170,30 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
         phase = "Restarting"
     elif outcome == "suspended" or (outcome == "missing" and kueue_queue(spec)):
         phase = "Queued" if kueue_queue(spec) else "Suspended"
+    elif in_smoke:
+        phase = "SmokeRun"
     elif outcome == "missing":  # the next attempt is about to be created
         phase = "Retrying" if (failure or {}).get("attempt") == attempt - 1 else "Pending"
     else:
         phase = {"running": "Running", "starting": "Starting", "pending": "Starting",
                  "failed": "Retrying"}[outcome]
     status: Obj = {k: v for k, v in old.items() if k in ("progress", "metrics", "checkpoint", "export", "startTime")}
+    smoke_record = old.get("smokeRun") if smoke is None else smoke
     status["observedGeneration"] = meta.get("generation")
     status["phase"] = phase
     status["conditions"] = merge_conditions(old.get("conditions") or [],
                                             _desired_conditions(phase, validation_problems, outcome,
-                                                                suspended, failure, spec_applied),
+                                                                suspended, failure, spec_applied, smoke_record),
                                             now, meta.get("generation"))
     if not validation_problems:
-        status["attempt"] = attempt
         status["configMapName"] = names.config_map_name(name)
-        status["rayJobName"] = names.ray_job_name(name, attempt)
+        if not in_smoke:
+            status["attempt"] = attempt
+            status["rayJobName"] = names.ray_job_name(name, attempt)
     elif old.get("attempt"):
         status["attempt"] = old["attempt"]
+    if smoke_record:
+        status["smokeRun"] = smoke_record
     status["failedAttempts"] = old.get("failedAttempts") if failed_attempts is None else failed_attempts
     ray_status = (rayjob or {}).get("status") or {}
     if ray_status.get("dashboardURL"):
@@ -213,8 +232,15 @@ class Plan:
     checkpoint_uri: str | None = None
     #: Delete the RLJob's ConfigMap (with `stop` naming every RayJob: the finished job's TTL expired).
     delete_config_map: bool = False
-    #: Reconcile again after this many seconds (a finished job's TTL is still running); None: no need.
+    #: Reconcile again after this many seconds (a finished job's TTL or the smoke run's timeout is running).
     requeue_after: float | None = None
+    #: The children to ensure are the smoke run's (`attempt` is None then): build_smoke_children.
+    smoke: bool = False
+
+
+def is_smoke_run(rayjob: Obj) -> bool:
+    """Whether a RayJob is an RLJob's smoke run (its `rl.hybridflow.dev/smoke-run` label)."""
+    return ((rayjob.get("metadata") or {}).get("labels") or {}).get(names.LABEL_SMOKE_RUN) == "true"
 
 
 def attempt_of(rayjob: Obj) -> int:
@@ -246,6 +272,9 @@ def _transition_events(old: Obj, new: Obj) -> list[EventSpec]:
                                 f"Attempt {failure.get('attempt')} failed ({failure.get('reason')}: "
                                 f"{failure.get('message')}); starting attempt {new['attempt']}, which resumes "
                                 f"from the latest checkpoint."))
+    elif phase == "Failed" and failure.get("attempt") == 0:
+        events.append(EventSpec("Warning", "Failed", f"The smoke run failed, so the full run was never started: "
+                                                     f"{failure.get('reason')}: {failure.get('message')}"))
     elif phase == "Failed":
         events.append(EventSpec("Warning", "Failed", f"Giving up after attempt {new.get('attempt')}: "
                                                      f"{failure.get('reason')}: {failure.get('message')}"))
@@ -271,13 +300,15 @@ def failures_before(old: Obj, by_attempt: dict[int, Obj], attempt: int) -> int:
 
 
 def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: datetime.datetime,
-           stalled: str | None = None) -> Plan:
-    """Decide the next step of an RLJob from its observed RayJobs (all attempts) and validation problems.
+           stalled: str | None = None, smoke_step: int | None = None) -> Plan:
+    """Decide the next step of an RLJob from its observed RayJobs (all attempts, the smoke run) and validation
+    problems.
 
     `stalled`: the current attempt made no progress for `spec.runPolicy.stallTimeoutSeconds` (the
     message says so; the caller keeps the clock). A running attempt that stalled is handled like a
     failed one, reason `Stalled`: its RayJob is stopped and the next attempt resumes from the latest
-    checkpoint, or the job fails when no retries are left.
+    checkpoint, or the job fails when no retries are left. `smoke_step`: the last step a failed smoke run
+    reported (its progress.json), for the failure message.
     """
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
@@ -292,6 +323,9 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
     if old.get("phase") in TERMINAL_PHASES:
         # Finished is final: later edits change nothing but the TTL; recreate the RLJob to run again.
         return finished_plan(rljob, rayjobs, {**old, "observedGeneration": meta.get("generation")}, now)
+    gate = smoke_gate(rljob, rayjobs, now, smoke_step=smoke_step)
+    if gate.plan is not None:
+        return gate.plan
     rayjob = by_attempt.get(attempt)
     outcome = rayjob_outcome(rayjob)
     events: list[EventSpec] = []
@@ -346,8 +380,8 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
             f"Waiting for RayJob {waiting} of a superseded attempt to stop; attempt {attempt} then starts "
             f"from the current spec and resumes from the latest checkpoint."))
     status = compute_status(rljob, rayjob, [], now, attempt=attempt, restarting=bool(stale),
-                            failed_attempts=failed, **kwargs)
-    events = _transition_events(old, status) + events
+                            failed_attempts=failed, smoke=gate.smoke, **kwargs)
+    events = gate.events + _transition_events(old, status) + events
     if status["phase"] in TERMINAL_PHASES:
         # Giving up on an attempt that still holds a cluster (stalled, past the deadline): release it.
         holding = [rayjob] if rayjob is not None and outcome in ACTIVE_OUTCOMES else []
@@ -425,3 +459,187 @@ def finished_plan(rljob: Obj, rayjobs: list[Obj], status: Obj, now: datetime.dat
                f"removes it.")
     return Plan(None, None, {**status, "childrenDeletedAt": rfc3339(now)},
                 [EventSpec("Normal", "ChildrenDeleted", message)], stop=doomed, delete_config_map=True)
+
+
+# ------------------------------------------------------------------------------------------ smoke run
+
+
+@dataclass
+class SmokeGate:
+    """What the smoke run means for this reconcile: a plan of its own (it is under way, or it failed), or
+    let the attempts go ahead (`plan` None) with a new status.smokeRun (`smoke`, None: keep) and events."""
+
+    plan: Plan | None = None
+    smoke: Obj | None = None
+    events: list[EventSpec] = field(default_factory=list)
+
+
+def smoke_gate(rljob: Obj, rayjobs: list[Obj], now: datetime.datetime, *, smoke_step: int | None = None) -> SmokeGate:
+    """Decide the smoke run (spec.runPolicy.smokeRun) of a valid, unfinished RLJob; see docs/operations.md.
+
+    - It runs only before attempt 1: once an attempt exists (or status.attempt is set), or once it passed
+      (recorded, or its RayJob succeeded: a lost status write is recovered), it is over, and retries and
+      spec edits of the full run never repeat it.
+    - Under way: its RayJob `<name>-smoke` is ensured with the RLJob's suspend (Kueue admits it like an
+      attempt); phase SmokeRun (Suspended / Queued when so). No full attempt, so no full GPU request.
+    - A spec edit that needs a new attempt (changes.py), or an edit of smokeRun itself, stops it and, once
+      its RayJob is gone, starts it again from the new spec (the same name; phase Restarting meanwhile).
+    - smokeRun removed while it is under way: it is stopped and marked Skipped; then attempt 1 starts.
+    - It failed (or ran past smokeRun.timeoutSeconds, or the job past activeDeadlineSeconds): the job
+      fails, reason SmokeRunFailed with the log tail. Not retried, not counted in failedAttempts.
+    """
+    old, spec = rljob.get("status") or {}, rljob.get("spec") or {}
+    wanted = (spec.get("runPolicy") or {}).get("smokeRun")
+    recorded = old.get("smokeRun") or {}
+    smoke = next((r for r in rayjobs if is_smoke_run(r)), None)
+    outcome = rayjob_outcome(smoke)
+    if recorded.get("state") == "Passed":
+        return SmokeGate()
+    if outcome == "succeeded":
+        record = {**_smoke_record(rljob, smoke, recorded, now), "state": "Passed",
+                  "completionTime": ((smoke or {}).get("status") or {}).get("endTime") or rfc3339(now)}
+        return SmokeGate(smoke=record, events=[EventSpec("Normal", "SmokeRunPassed", (
+            f"Smoke run {record['rayJobName']} ({describe_smoke(record)}) succeeded; starting the full run."))])
+    if any(attempt_of(r) > 0 for r in rayjobs) or old.get("attempt"):
+        # The full run has started: a smoke run still on record as under way was skipped (smokeRun removed).
+        unfinished = recorded.get("state") in ("Pending", "Running")
+        return SmokeGate(smoke={**recorded, "state": "Skipped"} if unfinished else None)
+    if wanted is None:
+        if smoke is None or outcome not in ACTIVE_OUTCOMES:
+            return SmokeGate(smoke={**recorded, "state": "Skipped"} if recorded else None)
+        record = {**_smoke_record(rljob, smoke, recorded, now), "state": "Skipped"}
+        return SmokeGate(plan=_smoke_stopping(rljob, smoke, record, now, (
+            f"spec.runPolicy.smokeRun was removed: waiting for the smoke run's RayJob {smoke['metadata']['name']} to "
+            f"stop; attempt 1 then starts without a smoke run.")))
+    record = _smoke_record(rljob, smoke, recorded, now)
+    if smoke is not None and smoke["metadata"].get("deletionTimestamp"):
+        return SmokeGate(plan=_smoke_stopping(rljob, smoke, record, now, (
+            f"Waiting for the smoke run's RayJob {smoke['metadata']['name']} of a previous spec to stop; a new "
+            f"smoke run then tests the current spec before the full run starts.")))
+    edited = changes.smoke_changed_fields(rljob, smoke) if smoke is not None and outcome in ACTIVE_OUTCOMES else []
+    if edited and smoke is not None:
+        message = (f"spec.{', spec.'.join(edited)} changed: stopping the smoke run's RayJob {smoke['metadata']['name']}; "
+                   f"a new smoke run then tests the new spec before the full run starts.")
+        plan = _smoke_stopping(rljob, smoke, record, now, message)
+        plan.events.append(EventSpec("Normal", "SpecChanged", message))
+        return SmokeGate(plan=plan)
+    failure = _smoke_failure(rljob, smoke, record, now, smoke_step)
+    if failure is not None:
+        record = {**record, "state": "Failed", "completionTime": rfc3339(now)}
+        status = compute_status(rljob, smoke, [], now, attempt=1, gave_up=True, last_failure=failure,
+                                smoke=record, in_smoke=True)
+        holding = [smoke] if smoke is not None and outcome in ACTIVE_OUTCOMES else []
+        return SmokeGate(plan=Plan(None, None, status, _transition_events(old, status),
+                                   stop=[r["metadata"]["name"] for r in holding],
+                                   requeue_after=_ttl_remaining_of(spec, status, now)))
+    status = compute_status(rljob, smoke, [], now, attempt=1, smoke=record, in_smoke=True)
+    suspend = True if spec.get("suspend") else (None if kueue_queue(spec) else False)
+    return SmokeGate(plan=Plan(None, suspend, status, _transition_events(old, status),
+                               annotations=changes.smoke_annotations(rljob, record.get("checkpointUri") or ""),
+                               requeue_after=_smoke_timeout_remaining(wanted, record, now), smoke=True))
+
+
+def _smoke_stopping(rljob: Obj, smoke: Obj, record: Obj, now: datetime.datetime, message: str) -> Plan:
+    """Stop the smoke run's RayJob (unless already going) and wait: phase Restarting, SpecApplied=False."""
+    status = compute_status(rljob, smoke, [], now, attempt=1, restarting=True, smoke=record, in_smoke=True,
+                            spec_applied=("False", "Restarting", message))
+    deleting = smoke["metadata"].get("deletionTimestamp")
+    return Plan(None, None, status, _transition_events(rljob.get("status") or {}, status),
+                stop=[] if deleting else [smoke["metadata"]["name"]])
+
+
+def _smoke_record(rljob: Obj, smoke: Obj | None, recorded: Obj, now: datetime.datetime) -> Obj:
+    """status.smokeRun for the current spec: RayJob name, shape (smoke.derive), state from its RayJob."""
+    name = (rljob.get("metadata") or {}).get("name", "")
+    record: Obj = {"rayJobName": names.smoke_run_name(name)}
+    try:
+        shape = smoke_run.derive(api.RLJob.model_validate({"metadata": rljob.get("metadata") or {"name": name},
+                                                           "spec": rljob.get("spec") or {}}))
+        record.update(steps=shape.steps, trainBatchSize=shape.train_batch_size, nnodes=shape.nnodes,
+                      nGpusPerNode=shape.n_gpus_per_node, checkpointUri=shape.location)
+    except Exception:  # validation refuses such a spec before this point; keep what was recorded
+        record.update({k: v for k, v in recorded.items() if k in ("steps", "trainBatchSize", "nnodes", "nGpusPerNode",
+                                                                  "checkpointUri")})
+    outcome = rayjob_outcome(smoke)
+    record["state"] = "Running" if outcome == "running" else "Pending"
+    # The clock of smokeRun.timeoutSeconds starts when KubeRay starts the RayJob (not while Kueue holds it);
+    # without a RayJob (none yet, or the previous one is gone after a spec edit) it starts again.
+    started = recorded.get("startTime") if smoke is not None else None
+    if smoke is not None and outcome not in ("missing", "pending", "suspended"):
+        started = started or (smoke.get("status") or {}).get("startTime") or rfc3339(now)
+    if started:
+        record["startTime"] = started
+    return record
+
+
+def describe_smoke(record: Obj) -> str:
+    """The smoke run's shape from status.smokeRun, e.g. `2 steps on 1 node x 2 GPUs, data.train_batch_size 1`."""
+    if not record.get("steps"):
+        return "shape unknown"
+    return (f"{record['steps']} step(s) on {record.get('nnodes')} node(s) x {record.get('nGpusPerNode')} GPU(s) or "
+            f"processes, data.train_batch_size {record.get('trainBatchSize')}")
+
+
+def smoke_condition(record: Obj) -> tuple[str, str, str]:
+    """The SmokeRunPassed condition from status.smokeRun."""
+    name, state, shape = record.get("rayJobName"), record.get("state"), describe_smoke(record)
+    if state == "Passed":
+        return "True", "SmokeRunPassed", f"The smoke run (RayJob {name}: {shape}) succeeded; the full run may start."
+    if state == "Failed":
+        return ("False", "SmokeRunFailed", f"The smoke run (RayJob {name}: {shape}) failed; condition Failed and "
+                                           f"status.lastFailure hold its log tail. The full run was not started.")
+    if state == "Skipped":
+        return ("False", "SmokeRunSkipped", "spec.runPolicy.smokeRun was removed before the smoke run finished; "
+                                            "the full run starts without it.")
+    return ("Unknown", f"SmokeRun{state or 'Pending'}", f"The smoke run (RayJob {name}: {shape}) is "
+            f"{'running' if state == 'Running' else 'starting'}; the full run starts once it succeeds.")
+
+
+def _smoke_timeout_remaining(wanted: Obj, record: Obj, now: datetime.datetime) -> float | None:
+    timeout, started = wanted.get("timeoutSeconds"), parse_time(record.get("startTime"))
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or started is None:
+        return None
+    return max(0.0, timeout - (now - started).total_seconds())
+
+
+def _smoke_failure(rljob: Obj, smoke: Obj | None, record: Obj, now: datetime.datetime,
+                   step: int | None) -> Obj | None:
+    """lastFailure (attempt 0, reason SmokeRunFailed) when the smoke run failed or ran out of time, else None."""
+    old, spec = rljob.get("status") or {}, rljob.get("spec") or {}
+    wanted = (spec.get("runPolicy") or {}).get("smokeRun") or {}
+    name, shape = record["rayJobName"], describe_smoke(record)
+    fix = ("Fix the cause, then delete and re-create the RLJob (a failed job does not start again); the full run's "
+           "checkpoint location was not touched.")
+    outcome = rayjob_outcome(smoke)
+    if smoke is not None and outcome in ("failed", "invalid"):
+        st = smoke.get("status") or {}
+        reason = st.get("reason") or f"RayJob{st.get('jobDeploymentStatus') or 'Failed'}"
+        reached = f" after step {step} of {record.get('steps')}" if step is not None else ""
+        tail = log_tail(st.get("message"))
+        logs = (f" Last log lines:\n{tail}\n" if tail else
+                f" The RayJob gives no log (jobDeploymentStatus={st.get('jobDeploymentStatus')}, "
+                f"jobStatus={st.get('jobStatus')}); see `kubectl describe rayjob {name}` and its head pod's logs. ")
+        message = (f"The smoke run (RayJob {name}: {shape}) failed{reached} with {reason}, before the full run's "
+                   f"GPUs were requested.{logs}{fix}")
+        return {"attempt": 0, "reason": "SmokeRunFailed", "message": message}
+    remaining = _smoke_timeout_remaining(wanted, record, now) if outcome in ACTIVE_OUTCOMES else None
+    if remaining is not None and remaining <= 0:
+        return {"attempt": 0, "reason": "SmokeRunFailed", "message": (
+            f"The smoke run (RayJob {name}: {shape}) did not finish within spec.runPolicy.smokeRun.timeoutSeconds="
+            f"{wanted['timeoutSeconds']} (state {record.get('state')}); it was stopped. Raise the timeout if model "
+            f"loading takes longer, else see its head pod's logs. {fix}")}
+    if _deadline_passed(old, spec, now):
+        return {"attempt": 0, "reason": "DeadlineExceeded", "message": (
+            f"The job ran longer than spec.runPolicy.activeDeadlineSeconds={spec['runPolicy']['activeDeadlineSeconds']} "
+            f"during its smoke run (RayJob {name}); raise it to allow longer runs")}
+    return None
+
+
+def log_tail(message: str | None, lines: int = LOG_TAIL_LINES, chars: int = LOG_TAIL_CHARS) -> str:
+    """The end of a RayJob's status.message: Ray writes "Job entrypoint command failed with exit code N, last
+    available logs (truncated to 20,000 chars):" and the driver's last output there (KubeRay copies it)."""
+    if not message:
+        return ""
+    kept = message.strip().splitlines()[-lines:]
+    text = "\n".join(kept)
+    return text if len(text) <= chars else "..." + text[-chars:]

@@ -18,7 +18,7 @@ from hybridflow._config.errors import describe_error, dotted, shorten
 from hybridflow._config.values import location_scheme
 from hybridflow.config import ConfigError
 from hybridflow.recipes import RECIPE_NAMES, TrainerConfigTree, get_recipe
-from rljob_operator import api, names, scheduling
+from rljob_operator import api, names, scheduling, smoke
 from rljob_operator.builders import METRICS_PORT, merged_config, operator_trainer_values
 
 # Patterns below are used with fullmatch: `$` would also match before a final newline ("demo\n").
@@ -104,7 +104,18 @@ def check_rljob(obj: Any) -> ValidationReport:
     _check_resources(rljob, config, report)
     _check_pod(rljob, report)
     _check_checkpoint(rljob, config, report)
+    if config is not None and rljob.spec.run_policy.smoke_run is not None:
+        report.errors.extend(smoke_run_problems(rljob))
     return report
+
+
+def smoke_run_problems(rljob: api.RLJob) -> list[str]:
+    """Why spec.runPolicy.smokeRun cannot run (smoke.derive, by the trainer's own rules); empty when it can."""
+    try:
+        smoke.derive(rljob)
+    except smoke.SmokeRunError as err:
+        return err.problems
+    return []
 
 
 # pydantic tags errors inside `int | str` unions with the member; the user only needs the field path.
@@ -207,12 +218,14 @@ def _check_metadata(rljob: api.RLJob, report: ValidationReport) -> None:
             f"metadata.name: {shorten(name)} must be a DNS-1035 label (lower-case letters, digits and '-', starting "
             "with a letter): KubeRay rejects other RayJob names; rename the RLJob"
         )
-    limit = names.max_rljob_name_length(max_attempt)
+    smoke_run = rljob.spec.run_policy.smoke_run is not None
+    limit = names.max_rljob_name_length(max_attempt, smoke_run=smoke_run)
     if len(name) > limit:
+        longest = max(names.ray_job_name(name, max_attempt), names.smoke_run_name(name) if smoke_run else "", key=len)
         report.errors.append(
             f"metadata.name: {shorten(name)} is {len(name)} characters; with backoffLimit "
-            f"{rljob.spec.run_policy.backoff_limit} its RayJobs are named up to "
-            f"{shorten(names.ray_job_name(name, max_attempt))}, over KubeRay's {names.MAX_RAYJOB_NAME_LENGTH}-character "
+            f"{rljob.spec.run_policy.backoff_limit}{' and a smoke run' if smoke_run else ''} its RayJobs are named "
+            f"up to {shorten(longest)}, over KubeRay's {names.MAX_RAYJOB_NAME_LENGTH}-character "
             f"limit; use a name of at most {limit} characters"
         )
 
@@ -342,7 +355,7 @@ def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
         if tol.toleration_seconds is not None and tol.effect != "NoExecute":
             problems.append(f"{where}.tolerations[{i}].tolerationSeconds: only applies to effect NoExecute")
     for key, value in pod.labels.items():
-        if key in names.attempt_labels("any", 1):
+        if key in names.attempt_labels("any", 1) or key == names.LABEL_SMOKE_RUN:
             problems.append(f"{where}.labels.{key}: set by the operator (it selects pods by it); remove it")
         elif key in scheduling.SCHEDULING_LABELS:
             problems.append(f"{where}.labels.{key}: set by the operator and KubeRay from spec.scheduling; remove "

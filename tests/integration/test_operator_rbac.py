@@ -1,7 +1,11 @@
-"""The operator, started with the chart's own args, sends only requests the chart's RBAC grants.
+"""The operator, started with the chart's own args and RBAC, is never refused by the API server.
 
-The emulator enforces no RBAC; it counts requests by (verb, resource). So this checks verbs and
-resources, not scope: a cluster-wide request that a namespaced Role would refuse is not caught here.
+The emulator enforces RBAC like the API server's authorizer (tests/support/kube_rbac.py): the chart's
+ServiceAccount, (Cluster)Roles and bindings are installed, the operator authenticates as that
+ServiceAccount, and every request is checked by verb, API group, resource *and subresource*
+(`rljobs` and `rljobs/status` are separate grants), namespace and resourceNames. A request the chart
+does not grant is refused with 403, so a missing grant shows up as a refusal here, a broken workflow
+(the wait_for steps) or both.
 """
 
 from __future__ import annotations
@@ -16,22 +20,36 @@ import yaml
 from tests.support import binaries
 from tests.support.helm import CHART, render
 from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_rbac import service_account
 from tests.support.operator_proc import Operator, wait_for
+from tests.support.server_process import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RLJ, RAY, KOPF = "rl.hybridflow.dev/v1alpha1", "ray.io/v1", "kopf.dev/v1"
-#: Groups of the resources the emulator serves, by plural (its request log keeps plurals only).
-GROUPS = {"rljobs": "rl.hybridflow.dev", "rayjobs": "ray.io", "configmaps": "", "events": "", "namespaces": "",
-          "clusterkopfpeerings": "kopf.dev", "kopfpeerings": "kopf.dev",
-          "customresourcedefinitions": "apiextensions.k8s.io"}
+RELEASE_NS = "rljob-system"
+#: Where each kind the chart renders is created in the emulator (its resource and API version).
+INSTALLED = {"ServiceAccount": ("v1", "serviceaccounts"),
+             "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles"),
+             "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings"),
+             "Role": ("rbac.authorization.k8s.io/v1", "roles"),
+             "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings"),
+             "ValidatingWebhookConfiguration": ("admissionregistration.k8s.io/v1", "validatingwebhookconfigurations"),
+             "ClusterKopfPeering": (KOPF, "clusterkopfpeerings"), "KopfPeering": (KOPF, "kopfpeerings")}
 
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "cluster": {},
     "namespaced": {"rbac": {"scope": "namespaced"}, "watchNamespaces": ["team-a"]},
 }
-#: Denied on purpose in namespaced mode: kopf then treats its namespace list as existing namespaces.
-TOLERATED = {"namespaced": {("list", "", "namespaces"), ("watch", "", "namespaces")}}
+# Found once RBAC was enforced: kopf 1.45 does not fall back at once when listing namespaces is refused; it
+# retries the 403 (9 attempts, backing off for about a minute) before it watches team-a, so nothing is
+# reconciled within the test's 20 s. The chart must grant namespaces list/watch in this mode, or the operator
+# must skip kopf's namespace scan; until then the namespaced scenario fails for that reason (strict xfail).
+_KOPF_RETRIES_403 = pytest.mark.xfail(strict=True, reason="kopf retries the refused namespace list for ~1 min")
+PARAMS = [pytest.param("cluster", id="cluster"),
+          pytest.param("namespaced", id="namespaced", marks=_KOPF_RETRIES_403)]
+#: Refused on purpose in namespaced mode: kopf then treats its namespace list as existing namespaces.
+TOLERATED = {"namespaced": ('cannot list resource "namespaces"', 'cannot watch resource "namespaces"')}
 
 
 @pytest.fixture(scope="module")
@@ -43,21 +61,17 @@ def chart() -> pathlib.Path:
 @pytest.fixture
 def kube() -> Iterator[KubeEmulator]:
     emulator = KubeEmulator(crd_files=sorted((ROOT / "crds").glob("*.yaml")),
-                            namespaces=("default", "kube-system", "team-a")).start()
+                            namespaces=("default", "kube-system", "team-a", RELEASE_NS)).start()
     yield emulator
     emulator.stop()
 
 
-def _granted(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    """(verb, group, resource) granted by the chart's (Cluster)Roles; status grants count for the object."""
-    out = set()
-    for role in (o for o in objs if o["kind"] in ("ClusterRole", "Role")):
-        for rule in role["rules"]:
-            for group in rule["apiGroups"]:
-                for resource in rule["resources"]:
-                    out |= {(verb, group, resource.split("/")[0]) for verb in rule["verbs"]
-                            if resource.count("/") == 0 or resource.endswith("/status")}
-    return out
+def _install(kube: KubeEmulator, objs: list[dict[str, Any]]) -> None:
+    """Create what the chart renders that the emulator serves (RBAC, peering, the webhook configuration)."""
+    for obj in objs:
+        if obj["kind"] in INSTALLED and not obj["kind"].endswith("KopfPeering"):
+            api_version, plural = INSTALLED[obj["kind"]]
+            kube.create(api_version, plural, obj, obj["metadata"].get("namespace") or RELEASE_NS)
 
 
 def _manifest(name: str, **spec: Any) -> dict[str, Any]:
@@ -67,19 +81,37 @@ def _manifest(name: str, **spec: Any) -> dict[str, Any]:
     return job
 
 
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def _start(kube: KubeEmulator, objs: list[dict[str, Any]], workdir: pathlib.Path) -> Operator:
+    """The operator with the Deployment's args, as its ServiceAccount, its webhook reachable through its Service."""
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    token = kube.add_token(service_account(RELEASE_NS, pod["serviceAccountName"]))
+    port = free_port()
+    for hook in next(o for o in objs if o["kind"] == "ValidatingWebhookConfiguration")["webhooks"]:
+        service = hook["clientConfig"]["service"]
+        kube.admission.endpoints[(service["namespace"], service["name"])] = ("127.0.0.1", port)
+    args = [*container["args"], f"--webhook-port={port}", "--webhook-address=127.0.0.1"]  # the last flag wins
+    operator = Operator(kube, workdir, args=args, pod_id="rljob-operator-abc", token=token,
+                        env={"POD_NAMESPACE": RELEASE_NS})
+    operator.start()
+    return operator
+
+
+@pytest.mark.parametrize("scenario", PARAMS)
 def test_every_request_of_the_operator_is_granted(kube: KubeEmulator, chart: pathlib.Path, scenario: str,
                                                    tmp_path: pathlib.Path) -> None:
-    objs = render(binaries.ensure("helm"), chart, SCENARIOS[scenario])
-    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    namespace = (SCENARIOS[scenario].get("watchNamespaces") or ["default"])[0]
-    peering = "kopfpeerings" if SCENARIOS[scenario].get("watchNamespaces") else "clusterkopfpeerings"
-    operator = Operator(kube, tmp_path / "op", args=container["args"], pod_id="rljob-operator-abc")
-    operator.start()
+    values = SCENARIOS[scenario]
+    objs = render(binaries.ensure("helm"), chart, values)
+    _install(kube, objs)
+    namespace = (values.get("watchNamespaces") or ["default"])[0]
+    peering = "kopfpeerings" if values.get("watchNamespaces") else "clusterkopfpeerings"
+    operator = _start(kube, objs, tmp_path / "op")
     try:
         kube.create(RLJ, "rljobs", _manifest("rbac"), namespace)
         wait_for(lambda: kube.find(RAY, "rayjobs", "rbac-a1", namespace), "RayJob rbac-a1")
+        wait_for(lambda: (kube.get(RLJ, "rljobs", "rbac", namespace).get("status") or {}).get("rayJobName"),
+                 "the status written through rljobs/status")
         config = _manifest("rbac")["spec"]["config"]
         config["trainer"]["n_gpus_per_node"] = 1
         kube.patch(RLJ, "rljobs", "rbac", {"spec": {"config": config}}, namespace)  # a new attempt: a1 is deleted
@@ -90,15 +122,41 @@ def test_every_request_of_the_operator_is_granted(kube: KubeEmulator, chart: pat
         kube.create(RLJ, "rljobs", _manifest("rbac-bad", config={"trainer": {"nnodes": 1}}), namespace)
         wait_for(lambda: any(e["reason"] == "InvalidSpec" for e in kube.list("v1", "events")), "InvalidSpec Event")
         wait_for(lambda: kube.request_counts[("get", peering)] > 0, "a resync checking peering")
+        # The webhook's own grants: the Secret it keeps its certificate in, the caBundle it writes.
+        wait_for(lambda: kube.find("v1", "secrets", "rljob-rljob-operator-webhook-tls", RELEASE_NS),
+                 "the webhook's Secret")
     finally:
         operator.stop()
     log = operator.log.read_text()
     assert "Traceback" not in log, log[-3000:]
 
-    granted = _granted(objs) | TOLERATED.get(scenario, set())
-    sent = {(verb, GROUPS[plural], plural) for (verb, plural), n in kube.request_counts.items() if n}
-    assert sent - granted == set(), f"the operator sent requests the chart does not grant: {sent - granted}"
-    # The scenario exercised the grants this chart version added.
+    refused = [m for m in kube.denied if not any(t in m for t in TOLERATED.get(scenario, ()))]
+    assert refused == [], f"the operator sent requests the chart does not grant: {refused}"
+    sent = {(verb, group, resource) for (verb, group, resource, _), n in kube.requests_by_resource.items() if n}
+    # The scenario exercised the grants this chart version added, the status subresource among them.
     assert {("delete", "ray.io", "rayjobs"), ("create", "kopf.dev", peering), ("get", "kopf.dev", peering),
-            ("patch", "kopf.dev", peering)} <= sent
+            ("patch", "kopf.dev", peering), ("patch", "rl.hybridflow.dev", "rljobs/status"),
+            ("create", "", "secrets"), ("patch", "admissionregistration.k8s.io", "validatingwebhookconfigurations"),
+            } <= sent
     assert ("get", "rl.hybridflow.dev", "rljobs") not in sent  # why the chart grants no get on rljobs
+
+
+def test_a_grant_on_rljobs_does_not_cover_rljobs_status(kube: KubeEmulator, chart: pathlib.Path,
+                                                        tmp_path: pathlib.Path) -> None:
+    """Without the chart's `rljobs/status` rule the operator's status write is refused, named as such."""
+    objs = render(binaries.ensure("helm"), chart)
+    for role in (o for o in objs if o["kind"] == "ClusterRole"):
+        role["rules"] = [r for r in role["rules"] if r["resources"] != ["rljobs/status"]]
+    _install(kube, objs)
+    operator = _start(kube, objs, tmp_path / "op")
+    try:
+        kube.create(RLJ, "rljobs", _manifest("nostatus"), "default")
+        wait_for(lambda: [m for m in kube.denied if 'cannot patch resource "rljobs/status"' in m],
+                 "the status patch refused")
+    finally:
+        operator.stop()
+    (message, *_) = [m for m in kube.denied if "rljobs/status" in m]
+    assert message == ('rljobs.rl.hybridflow.dev "nostatus" is forbidden: User "system:serviceaccount:rljob-system:'
+                       'rljob-rljob-operator" cannot patch resource "rljobs/status" in API group "rl.hybridflow.dev" '
+                       'in the namespace "default"')
+    assert not (kube.get(RLJ, "rljobs", "nostatus", "default").get("status") or {}).get("phase")

@@ -27,8 +27,11 @@ from typing import Any
 import aiohttp.web
 import yaml
 
+from . import kube_rbac
+from .kube_admission import Admission, Attributes
 from .kube_patch import PatchError, json_patch, merge_patch, strip_directives
-from .kube_store import ApiError, Obj, ResourceType, Store
+from .kube_rbac import ADMIN, User
+from .kube_store import ApiError, Changed, Obj, ResourceType, Store
 
 KUBERAY_DIR = pathlib.Path(__file__).resolve().parents[3] / "shared" / "kuberay"
 _BUILTINS = [
@@ -43,7 +46,16 @@ _BUILTINS = [
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease"),
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
                  namespaced=False, short_names=("crd", "crds"), status_subresource=True),
+    ResourceType("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                 "ValidatingWebhookConfiguration", namespaced=False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
 ]
+_RBAC_KINDS = ("roles", "rolebindings", "clusterroles", "clusterrolebindings")
+#: Write verbs that pass through validating admission, by HTTP method.
+_OPERATIONS = {"create": "CREATE", "update": "UPDATE", "patch": "UPDATE", "delete": "DELETE"}
 _VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 
 
@@ -154,6 +166,14 @@ class KubeEmulator:
         for ns in namespaces:
             self.store.create(ns_type, None, {"metadata": {"name": ns}})
         self.request_counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        #: Requests by (verb, group, resource or resource/subresource, namespace or "").
+        self.requests_by_resource: collections.Counter[tuple[str, str, str, str]] = collections.Counter()
+        #: Bearer tokens and the users they authenticate; requests without a token are the admin's too.
+        self.tokens: dict[str, User] = {"emulator-token": ADMIN}
+        #: RBAC refusals (the 403 messages), in order.
+        self.denied: list[str] = []
+        #: Validating webhooks: `admission.endpoints[(ns, service)] = (host, port)`, `admission.calls`.
+        self.admission = Admission()
         self.url = ""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -212,12 +232,19 @@ class KubeEmulator:
         self._loop.close()
         self._loop = None
 
-    def write_kubeconfig(self, path: pathlib.Path, namespace: str = "default") -> pathlib.Path:
+    def add_token(self, user: User) -> str:
+        """A new bearer token that authenticates as `user` (RBAC then applies to its requests)."""
+        token = f"token-{len(self.tokens)}-{user.username.replace(':', '-')}"
+        self.tokens[token] = user
+        return token
+
+    def write_kubeconfig(self, path: pathlib.Path, namespace: str = "default",
+                         token: str = "emulator-token") -> pathlib.Path:
         """Write a kubeconfig pointing at this emulator (token auth, plain HTTP) and return its path."""
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "emulator", "preferences": {},
             "clusters": [{"name": "emulator", "cluster": {"server": self.url}}],
-            "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+            "users": [{"name": "emulator", "user": {"token": token}}],
             "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator",
                                                           "namespace": namespace}}],
         }
@@ -283,6 +310,8 @@ class KubeEmulator:
         try:
             return await self._route(request)
         except ApiError as exc:
+            if exc.code == 403:
+                self.denied.append(exc.message)
             return aiohttp.web.json_response(exc.status(), status=exc.code)
         except PatchError as exc:
             reason = "Invalid" if exc.status == 422 else "BadRequest"
@@ -304,20 +333,59 @@ class KubeEmulator:
         namespace = None
         if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
             namespace, rest = rest[1], rest[2:]
+        user = self._user(request)
         rt = self.store.resolve(group, version, rest[0])
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
         if subresource not in (None, "status") or (subresource == "status" and not rt.status_subresource):
             raise ApiError(404, "NotFound", f"{rt.plural} has no subresource {subresource!r}")
-        return await self._serve(request, rt, namespace, name, subresource)
+        return await self._serve(request, rt, namespace, name, subresource, user)
+
+    def _user(self, request: aiohttp.web.Request) -> User:
+        """Who sent the request: the bearer token's user (401 for an unknown one); no token: the admin."""
+        header = request.headers.get("Authorization", "")
+        if not header:
+            return ADMIN
+        token = header.removeprefix("Bearer ").strip()
+        if token not in self.tokens:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return self.tokens[token]
+
+    def _authorize(self, user: User, verb: str, rt: ResourceType, namespace: str | None, name: str | None,
+                   subresource: str | None) -> None:
+        """Count the request and refuse it (403, the API server's message) when RBAC grants it to nobody."""
+        full = f"{rt.plural}/{subresource}" if subresource else rt.plural
+        self.requests_by_resource[(verb, rt.group, full, namespace or "")] += 1
+        if "system:masters" in user.groups:
+            return
+        rbac = [o for plural in _RBAC_KINDS
+                for o in self.store.list(self.store.resolve("rbac.authorization.k8s.io", "v1", plural))[0]]
+        req = kube_rbac.Request(verb, rt.group, rt.plural, subresource, namespace if rt.namespaced else None, name)
+        if not kube_rbac.allowed(rbac, user, req):
+            raise ApiError(403, "Forbidden", kube_rbac.forbidden_message(user, req))
+
+    async def _admit(self, user: User, operation: str, rt: ResourceType, namespace: str | None, name: str,
+                     subresource: str | None, obj: Obj | None, old: Obj | None, dry_run: bool) -> list[str]:
+        """Run the validating webhooks that match this write; their warnings (raises ApiError to refuse)."""
+        vwc_type = self.store.resolve("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations")
+        configurations = self.store.list(vwc_type)[0]
+        if not configurations:
+            return []
+        labels = None
+        if rt.namespaced and namespace:
+            ns_obj = self.find("v1", "namespaces", namespace, None)
+            labels = ((ns_obj or {}).get("metadata") or {}).get("labels") or {}
+        attrs = Attributes(operation, rt, namespace, name, subresource, obj, old, user, dry_run)
+        return await self.admission.validate(configurations, labels, attrs)
 
     async def _serve(self, request: aiohttp.web.Request, rt: ResourceType, namespace: str | None,
-                     name: str | None, subresource: str | None) -> aiohttp.web.StreamResponse:
+                     name: str | None, subresource: str | None, user: User = ADMIN) -> aiohttp.web.StreamResponse:
         q = request.query
         method, dry_run = request.method, q.get("dryRun") == "All"
         strict = q.get("fieldValidation") == "Strict"
         if name is None and method == "GET":
             verb = "watch" if q.get("watch") in ("true", "1") else "list"
+            self._authorize(user, verb, rt, namespace, None, None)
             self.request_counts[(verb, rt.plural)] += 1
             if verb == "watch":
                 return await self._watch(request, rt, namespace)
@@ -333,30 +401,57 @@ class KubeEmulator:
         verb = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
         if verb is None or (name is None and method != "POST") or (name is not None and method == "POST"):
             raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {request.path}")
+        self._authorize(user, verb, rt, namespace, name, subresource)
         self.request_counts[(verb, rt.plural)] += 1
         if verb == "get":
             obj = self.store.get(rt, namespace, name or "")
             if _wants_table(request):
                 return aiohttp.web.json_response(_table(rt, [obj], int(obj["metadata"]["resourceVersion"])))
             return aiohttp.web.json_response(obj)
+        operation = _OPERATIONS[verb]
         if verb == "create":
+            # Admission sees the object as it would be stored (defaulted, schema- and CEL-checked).
+            preview = self.store.create(rt, namespace, body, dry_run=True, strict=strict)
+            warnings = await self._admit(user, operation, rt, namespace, preview["metadata"]["name"], None,
+                                         preview, None, dry_run)
+            if isinstance(body, dict) and not (body.get("metadata") or {}).get("name"):
+                body = {**body, "metadata": {**(body.get("metadata") or {}), "name": preview["metadata"]["name"]}}
             obj = self.store.create(rt, namespace, body, dry_run=dry_run, strict=strict)
             self._after_write(rt, obj, dry_run)
-            return aiohttp.web.json_response(obj, status=201)
+            return self._respond(obj, warnings, status=201)
         assert name is not None
         if verb == "delete":
             opts = body or {}
+            current = self.store.get(rt, namespace, name)
+            warnings = await self._admit(user, operation, rt, namespace, name, None, None, current, dry_run)
             propagation = q.get("propagationPolicy") or opts.get("propagationPolicy")
             obj = self.store.delete(rt, namespace, name, propagation,
                                     (opts.get("preconditions") or {}).get("resourceVersion"))
-            return aiohttp.web.json_response(obj)
-        if verb == "update":
-            obj = self.store.update(rt, namespace, name, lambda _cur: body, subresource, dry_run, strict)
+            return self._respond(obj, warnings)
+        change = (lambda _cur: body) if verb == "update" else self._patcher(request.content_type, body)
+        for _ in range(10):  # admit the change on a preview, apply it only to the object admission saw
+            old = self.store.get(rt, namespace, name)
+            preview = self.store.update(rt, namespace, name, change, subresource, True, strict,
+                                        if_version=old["metadata"]["resourceVersion"])
+            warnings = await self._admit(user, operation, rt, namespace, name, subresource, preview, old, dry_run)
+            try:
+                obj = self.store.update(rt, namespace, name, change, subresource, dry_run, strict,
+                                        if_version=old["metadata"]["resourceVersion"])
+                break
+            except Changed:
+                continue
         else:
-            change = self._patcher(request.content_type, body)
-            obj = self.store.update(rt, namespace, name, change, subresource, dry_run, strict)
+            raise ApiError(409, "Conflict", f"{rt.plural} {name!r} kept changing while it was admitted; try again")
         self._after_write(rt, obj, dry_run)
-        return aiohttp.web.json_response(obj)
+        return self._respond(obj, warnings)
+
+    @staticmethod
+    def _respond(obj: Obj, warnings: list[str], status: int = 200) -> aiohttp.web.Response:
+        """A JSON answer with one `Warning: 299 - "..."` header per admission warning (kubectl prints them)."""
+        response = aiohttp.web.json_response(obj, status=status)
+        for warning in warnings:
+            response.headers.add("Warning", '299 - "' + warning.replace('"', "'").replace("\n", " ") + '"')
+        return response
 
     def _after_write(self, rt: ResourceType, obj: Obj, dry_run: bool) -> None:
         if rt.plural == "customresourcedefinitions" and not dry_run:

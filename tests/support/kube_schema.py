@@ -3,14 +3,29 @@
 The API server applies a CRD's structural schema in this order: prune unknown fields (or reject them
 with `fieldValidation=Strict`), apply `default`s, then validate. Top-level `apiVersion`, `kind` and
 `metadata` are handled by the server itself, not by the schema.
+
+CEL rules (`x-kubernetes-validations`) are evaluated with cel-python (the dev extra) at every node
+where the object has a value, `self` bound to it (at the root, `self.metadata` holds name and
+generateName only, as in the API server), once the object passed the OpenAPI checks. Not evaluated
+(listed in `SchemaChecker.skipped`): transition rules (those naming `oldSelf`: the emulator has no
+old object at this point), rules cel-python cannot compile (Kubernetes' extension libraries such as
+quantity(), url(), ip(), the lists/sets/strings extensions beyond standard CEL), and
+`messageExpression` (its `message`, or "failed rule: <rule>", is reported instead). Cost limits are
+not estimated.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import jsonschema
+
+try:  # cel-python: the dev extra; without it no CEL rule is evaluated (each is listed as skipped)
+    import celpy
+except ImportError:  # pragma: no cover - the dev extra installs it
+    celpy = None
 
 _KEEP = {
     "type", "properties", "items", "required", "enum", "minimum", "maximum", "minLength", "maxLength",
@@ -79,6 +94,102 @@ def prune_and_default(value: Any, schema: dict[str, Any], path: str, unknown: li
     return value
 
 
+_OLD_SELF = re.compile(r"\boldSelf\b")
+#: One CEL environment and one compiled program per rule text, for the whole process: building the
+#: environment (its parser) takes ~2 s, so it is built once, on the first rule evaluated.
+_ENV: Any = None
+_PROGRAMS: dict[str, Any] = {}
+
+
+def _program(rule: str) -> Any:
+    """The compiled rule (cached); raises what cel-python raises for a rule it cannot compile."""
+    global _ENV
+    if rule not in _PROGRAMS:
+        if _ENV is None:
+            _ENV = celpy.Environment()
+        try:
+            _PROGRAMS[rule] = _ENV.program(_ENV.compile(rule))
+        except Exception as err:  # noqa: BLE001 - celpy raises its own error types
+            _PROGRAMS[rule] = err
+    found = _PROGRAMS[rule]
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+class CelRules:
+    """The compiled x-kubernetes-validations of one schema, evaluated like the API server does."""
+
+    def __init__(self, openapi_schema: dict[str, Any]) -> None:
+        """Find every rule; they are compiled when first needed (see `skipped`)."""
+        self._rules: list[tuple[str, str]] = []
+        self._compiled: dict[str, Any] | None = None
+        self._skipped: list[tuple[str, str, str]] = []
+        self._collect(openapi_schema, "")
+
+    @property
+    def skipped(self) -> list[tuple[str, str, str]]:
+        """(path, rule, why) of every rule that is not evaluated."""
+        self._compile()
+        return self._skipped
+
+    def _compile(self) -> dict[str, Any]:
+        if self._compiled is None:
+            self._compiled = {}
+            for path, rule in self._rules:
+                if celpy is None:
+                    self._skipped.append((path, rule, "cel-python is not installed (pip install -e '.[dev]')"))
+                elif _OLD_SELF.search(rule):
+                    self._skipped.append((path, rule, "transition rule (oldSelf)"))
+                else:
+                    try:
+                        self._compiled[rule] = _program(rule)
+                    except Exception as err:  # noqa: BLE001 - celpy raises its own error types
+                        self._skipped.append((path, rule, f"cel-python cannot compile it: {err}"))
+        return self._compiled
+
+    def _collect(self, schema: dict[str, Any], path: str) -> None:
+        for entry in schema.get("x-kubernetes-validations") or []:
+            self._rules.append((path, entry["rule"]))
+        for key, sub in (schema.get("properties") or {}).items():
+            self._collect(sub, f"{path}.{key}")
+        if isinstance(schema.get("additionalProperties"), dict):
+            self._collect(schema["additionalProperties"], f"{path}.*")
+        if isinstance(schema.get("items"), dict):
+            self._collect(schema["items"], f"{path}[]")
+
+    def problems(self, value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+        """Each failed rule as `<path>: Invalid value: "<type>": <message>` (the API server's wording)."""
+        out: list[str] = []
+        if not self._rules:
+            return out
+        for entry in schema.get("x-kubernetes-validations") or []:
+            program = self._compile().get(entry["rule"])
+            if program is None:
+                continue
+            try:
+                result = program.evaluate({"self": celpy.json_to_cel(value)})
+                ok, detail = bool(result) if isinstance(result, celpy.celtypes.BoolType) else False, ""
+            except Exception as err:  # noqa: BLE001 - a runtime error fails the rule, as in the API server
+                ok, detail = False, f" (evaluation error: {err})"
+            if not ok:
+                kind = {dict: "object", list: "array", str: "string"}.get(type(value), type(value).__name__)
+                message = entry.get("message") or f"failed rule: {entry['rule']}"
+                out.append(f'{path.lstrip(".") or "<nil>"}: Invalid value: "{kind}": {message}{detail}')
+        if isinstance(value, dict):
+            props = schema.get("properties") or {}
+            extra = schema.get("additionalProperties")
+            for key, sub in value.items():
+                if key in props:
+                    out += self.problems(sub, props[key], f"{path}.{key}")
+                elif isinstance(extra, dict):
+                    out += self.problems(sub, extra, f"{path}.{key}")
+        elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+            for i, item in enumerate(value):
+                out += self.problems(item, schema["items"], f"{path}[{i}]")
+        return out
+
+
 class SchemaChecker:
     """Prune, default and validate custom objects against one CRD version's openAPIV3Schema."""
 
@@ -90,6 +201,7 @@ class SchemaChecker:
         if "required" in json_schema:
             json_schema["required"] = [r for r in json_schema["required"] if r not in _ROOT_FIELDS]
         self._validator = jsonschema.Draft7Validator(json_schema)
+        self.cel = CelRules(openapi_schema)
 
     def apply(self, obj: dict[str, Any], strict: bool = False) -> tuple[dict[str, Any], list[str]]:
         """Return the pruned, defaulted object and a list of problems (empty when it is valid)."""
@@ -106,4 +218,9 @@ class SchemaChecker:
             problems.append(f"{where}: Invalid value: {error.message}")
         result = {k: obj[k] for k in _ROOT_FIELDS if k in obj}
         result.update(cleaned)
+        if not problems:
+            # At the root CEL sees metadata.name and generateName only (the API server's rule).
+            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+            visible = {**result, "metadata": {k: meta[k] for k in ("name", "generateName") if k in meta}}
+            problems = self.cel.problems(visible, self.openapi)
         return result, problems

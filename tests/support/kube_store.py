@@ -41,6 +41,10 @@ class ApiError(Exception):
                 "code": self.code, "reason": self.reason, "message": self.message}
 
 
+class Changed(Exception):
+    """The object changed between an admission preview and the write (the caller admits it again)."""
+
+
 @dataclass
 class ResourceType:
     """One served resource (group, version, plural) and how it behaves."""
@@ -292,6 +296,8 @@ class Store:
             meta.update(uid=str(uuid.uuid4()), creationTimestamp=now_iso(), generation=1)
             if rt.gk == ("", "namespaces"):
                 obj["status"] = {"phase": "Active"}
+                # The API server labels every namespace with its name (namespace selectors rely on it).
+                meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta["name"]
             if dry_run:
                 return self._present(rt, obj)
             self.objects[key] = obj
@@ -306,13 +312,20 @@ class Store:
             return created
 
     def update(self, rt: ResourceType, ns: str | None, name: str, change: Callable[[Obj], Obj],
-               subresource: str | None = None, dry_run: bool = False, strict: bool = False) -> Obj:
-        """Apply `change` (current object -> new object) with the API server's update rules."""
+               subresource: str | None = None, dry_run: bool = False, strict: bool = False,
+               if_version: str | None = None) -> Obj:
+        """Apply `change` (current object -> new object) with the API server's update rules.
+
+        `if_version`: raise `Changed` unless the stored object still has this resourceVersion (the
+        emulator admits a write on a preview, then applies it only to the object admission saw).
+        """
         with self.lock:
             key = self._key(rt, ns, name)
             old = self.objects.get(key)
             if old is None:
                 raise ApiError(404, "NotFound", f'{rt.plural}.{rt.group or "core"} "{name}" not found')
+            if if_version is not None and old["metadata"]["resourceVersion"] != if_version:
+                raise Changed(name)
             new = change(self._present(rt, old))
             if not isinstance(new, dict):
                 raise ApiError(400, "BadRequest", "the resulting object must be a JSON object")

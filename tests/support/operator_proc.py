@@ -34,10 +34,16 @@ class Operator:
     """One operator process; `args` are its flags (default: standalone, all namespaces, 2 s resync)."""
 
     def __init__(self, kube: KubeEmulator, workdir: pathlib.Path,
-                 args: Sequence[str] = ("--standalone", "-A"), pod_id: str | None = None) -> None:
-        """Write a kubeconfig for the emulator into `workdir`; the log goes to `workdir/operator.log`."""
+                 args: Sequence[str] = ("--standalone", "-A"), pod_id: str | None = None,
+                 token: str = "emulator-token", env: dict[str, str] | None = None) -> None:
+        """Write a kubeconfig for the emulator into `workdir`; the log goes to `workdir/operator.log`.
+
+        `token`: whose requests the operator sends (`kube.add_token(service_account(...))` makes RBAC
+        apply to them); `env`: extra environment variables (e.g. POD_NAMESPACE, as the chart sets it).
+        """
         workdir.mkdir(parents=True, exist_ok=True)
-        self.kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig")
+        self.kubeconfig = kube.write_kubeconfig(workdir / "kubeconfig", token=token)
+        self.env = dict(env or {})
         self.log = workdir / "operator.log"
         self.metrics_port = free_port()
         self.args = list(args)
@@ -46,7 +52,7 @@ class Operator:
 
     def start(self) -> None:
         """Start the process (its output appended to the log)."""
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": str(ROOT), **self.env}
         if self.pod_id:
             env["POD_ID"] = self.pod_id
         cmd = [sys.executable, "-m", "rljob_operator.main", *self.args,

@@ -91,11 +91,11 @@ def test_status_dumps_with_kubernetes_names() -> None:
 
 def test_phase_and_condition_vocabulary() -> None:
     assert [p.value for p in api.Phase] == [
-        "Pending", "Invalid", "Queued", "Suspended", "Starting", "Running", "Retrying", "Restarting", "Succeeded",
-        "Failed",
+        "Pending", "Invalid", "Queued", "Suspended", "Starting", "Running", "Retrying", "Restarting", "SmokeRun",
+        "Succeeded", "Failed",
     ]
     assert {c.value for c in api.ConditionType} == {
-        "Validated", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied",
+        "Validated", "SmokeRunPassed", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied",
     }
 
 

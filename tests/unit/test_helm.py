@@ -115,11 +115,15 @@ def test_deployment_is_hardened(helm: Path, chart: Path) -> None:
     assert {"requests", "limits"} <= set(container["resources"])
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
-    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"},
+                                  {"name": "webhook", "containerPort": 9443, "protocol": "TCP"}]
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     assert container["command"] == ["rljob", "operator"]
     assert container["args"] == ["--peering=rljob-operator", "--peering-lifetime=60", "--metrics-port=8080",
-                                 "--resync-seconds=60"]
+                                 "--resync-seconds=60", "--webhook-port=9443",
+                                 "--webhook-secret=rljob-rljob-operator-webhook-tls",
+                                 "--webhook-service=rljob-rljob-operator-webhook",
+                                 "--webhook-configuration=rljob-rljob-operator.rljob-system"]
     assert container["image"] == "ghcr.io/rljob-hybridflow/operator:0.1.0"
 
 
@@ -145,8 +149,10 @@ def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Pa
     from rljob_operator.settings import parse_settings
 
     (container,) = _deployment(render(helm, chart, values))["spec"]["template"]["spec"]["containers"]
-    # Only the RLJOB_* variables the chart sets reach parse_settings, as in the pod.
+    # Only the RLJOB_* variables the chart sets reach parse_settings, as in the pod (POD_NAMESPACE from its fieldRef).
     env = {k: v for k, v in _env(container).items() if k.startswith("RLJOB_")}
+    assert _env(container)["POD_NAMESPACE"] == "metadata.namespace"
+    env["POD_NAMESPACE"] = "rljob-system"
     settings = parse_settings(container["args"], env=env)
     operator = values["operator"]
     assert settings.namespaces == tuple(values.get("watchNamespaces", []))
@@ -161,7 +167,9 @@ def test_operator_args_parse_with_the_operators_own_parser(helm: Path, chart: Pa
     assert settings.trainer_image == values.get("trainerImage", DEFAULT_IMAGE)
     assert settings.pod_defaults == PodSpec.model_validate(values.get("podDefaults", {}))
     assert settings.priority is None, "the chart must never fix the peering priority (replicas would all pause)"
-    (service,) = _by_kind(render(helm, chart, values), "Service")
+    assert settings.webhook is not None and settings.webhook.port == 9443
+    assert settings.webhook.dns_names()[2] == "rljob-rljob-operator-webhook.rljob-system.svc"
+    (service,) = [o for o in _by_kind(render(helm, chart, values), "Service") if o["metadata"]["name"].endswith("-metrics")]
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
 
 
@@ -237,24 +245,29 @@ def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     return out
 
 
+def _main_roles(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The (Cluster)Roles of the workloads, without the webhook's and the CRD reader's."""
+    return [o for o in _by_kind(objs, kind) if not o["metadata"]["name"].endswith(("-webhook", "-crds"))]
+
+
 def test_cluster_rbac_is_least_privilege(helm: Path, chart: Path) -> None:
     objs = render(helm, chart)
-    (role,) = _by_kind(objs, "ClusterRole")
+    (role,) = _main_roles(objs, "ClusterRole")
     assert _grants(role) == {
         **WORKLOAD_RULES,
         ("kopf.dev", "clusterkopfpeerings"): PEERING_VERBS,
         **CRD_READ,
     }
-    (binding,) = _by_kind(objs, "ClusterRoleBinding")
+    (binding,) = _main_roles(objs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rljob-rljob-operator", "namespace": "rljob-system"}]
-    assert not _by_kind(objs, "Role")
+    assert not _main_roles(objs, "Role")
     (peering,) = _by_kind(objs, "ClusterKopfPeering")
     assert peering["metadata"]["name"] == "rljob-operator"
 
 
 def test_cluster_rbac_for_some_namespaces_uses_their_peerings(helm: Path, chart: Path) -> None:
     objs = render(helm, chart, SCENARIOS["cluster-rbac-some-namespaces"])
-    (role,) = _by_kind(objs, "ClusterRole")
+    (role,) = _main_roles(objs, "ClusterRole")
     assert _grants(role) == {
         **WORKLOAD_RULES,
         ("kopf.dev", "kopfpeerings"): PEERING_VERBS,
@@ -267,12 +280,12 @@ def test_cluster_rbac_for_some_namespaces_uses_their_peerings(helm: Path, chart:
 
 def test_namespaced_rbac_has_no_cluster_wide_workload_grants(helm: Path, chart: Path) -> None:
     objs = render(helm, chart, NAMESPACED)
-    roles = _by_kind(objs, "Role")
+    roles = _main_roles(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert _grants(role) == {**WORKLOAD_RULES, ("kopf.dev", "kopfpeerings"): PEERING_VERBS}
-    assert sorted(b["metadata"]["namespace"] for b in _by_kind(objs, "RoleBinding")) == ["team-a", "team-b"]
-    (crd_reader,) = _by_kind(objs, "ClusterRole")
+    assert sorted(b["metadata"]["namespace"] for b in _main_roles(objs, "RoleBinding")) == ["team-a", "team-b"]
+    (crd_reader,) = [r for r in _by_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-crds")]
     assert _grants(crd_reader) == CRD_READ
     assert sorted(p["metadata"]["namespace"] for p in _by_kind(objs, "KopfPeering")) == ["team-a", "team-b"]
     assert not _by_kind(objs, "ClusterKopfPeering")

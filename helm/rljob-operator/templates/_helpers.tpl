@@ -97,3 +97,17 @@ dict: (dict "resource" "clusterkopfpeerings").
   resources: [{{ .resource | quote }}]
   verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}
+
+{{/* The webhook's Service, Secret (serving certificate) and ValidatingWebhookConfiguration names. */}}
+{{- define "rljob-operator.webhookService" -}}
+{{- printf "%s-webhook" (include "rljob-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "rljob-operator.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "rljob-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- define "rljob-operator.webhookConfiguration" -}}
+{{- printf "%s.%s" (include "rljob-operator.fullname" .) .Release.Namespace | trunc 253 }}
+{{- end }}
+{{- define "rljob-operator.webhookSelfSigned" -}}
+{{- if and .Values.webhook.enabled (eq .Values.webhook.certificate.source "self-signed") }}true{{ end }}
+{{- end }}
