@@ -19,7 +19,7 @@ import yaml
 from hybridflow import yamlio
 from hybridflow.crash import INTERNAL_ERROR, report_bug
 from rljob_operator import api, changes
-from rljob_operator.builders import build_children
+from rljob_operator.builders import build_children, build_smoke_children
 from rljob_operator.settings import parse_pod_defaults
 from rljob_operator.validation import ValidationReport, check_rljob
 
@@ -247,8 +247,8 @@ def render_main(argv: list[str]) -> int:
     manifest as YAML."""
     parser = _manifest_parser(
         "rljob render",
-        "Print the objects the operator would create for each RLJob (its ConfigMap and the "
-        "RayJob of one attempt) as multi-document YAML. Nothing is sent to a cluster. Invalid RLJobs are "
+        "Print the objects the operator would create for each RLJob (its ConfigMap, the smoke run's "
+        "RayJob when spec.runPolicy.smokeRun is set, and the RayJob of one attempt) as multi-document YAML. Nothing is sent to a cluster. Invalid RLJobs are "
         "reported as by `rljob validate` and not rendered.",
     )
     parser.add_argument("--attempt", type=_attempt, default=1, help="attempt number to render (default 1)")
@@ -298,13 +298,19 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _children(doc: dict[str, Any], args: argparse.Namespace, pod_defaults: api.PodSpec) -> list[dict[str, Any]]:
-    """The ConfigMap and RayJob of one valid RLJob document, as the operator would create them."""
+    """The ConfigMap, the smoke run's RayJob (when spec.runPolicy.smokeRun is set; the operator runs it before
+    attempt 1) and the attempt's RayJob of one valid RLJob document, as the operator would create them."""
     rljob = api.RLJob.model_validate(doc)
     if not rljob.metadata.uid:
         rljob.metadata.uid = PLACEHOLDER_UID
-    notes = changes.attempt_annotations(doc, changes.checkpoint_location(doc))
-    return list(build_children(rljob, args.attempt, notes, default_image=args.trainer_image,
-                               pod_defaults=pod_defaults))
+    location = changes.checkpoint_location(doc)
+    configmap, rayjob = build_children(rljob, args.attempt, changes.attempt_annotations(doc, location),
+                                       default_image=args.trainer_image, pod_defaults=pod_defaults)
+    if rljob.spec.run_policy.smoke_run is None:
+        return [configmap, rayjob]
+    _, smoke_rayjob = build_smoke_children(rljob, changes.smoke_annotations(doc, location),
+                                           default_image=args.trainer_image, pod_defaults=pod_defaults)
+    return [configmap, smoke_rayjob, rayjob]
 
 
 if __name__ == "__main__":

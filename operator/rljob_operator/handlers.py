@@ -240,6 +240,13 @@ async def startup(settings: kopf.OperatorSettings, memo: Any, logger: logging.Lo
     client = KubeClient(load_credentials(), on_error=metrics.record_api_error)
     await client.__aenter__()
     memo.runtime = Runtime(settings=ours, client=client, identity=getattr(memo, "identity", ""))
+    if not ours.clusterwide and await client.may("list", "", "namespaces") is False:
+        # Namespaced RBAC (the chart's rbac.scope=namespaced): kopf would retry the refused namespace list for
+        # about a minute before watching anything. Watch the namespaces as given instead, and the resource
+        # kinds found now (its CRD scan needs a cluster-wide grant too): KubeRay installed later needs a restart.
+        settings.scanning.disabled = True
+        logger.info("not allowed to list namespaces: watching %s as given; resource kinds (KubeRay's CRDs) are "
+                    "read once, at this start", ", ".join(ours.namespaces))
     if ours.peering:
         await peering.ensure_peering(client, ours.peering, ours.namespaces)
     memo.runtime.resync_task = asyncio.create_task(memo.runtime.resync_forever())

@@ -162,6 +162,19 @@ class KubeClient:
                 raise KubeApiError(resp.status, data.get("reason", ""), data.get("message", str(data)), verb, path)
             return data or {}
 
+    async def may(self, verb: str, group: str, resource: str, namespace: str | None = None) -> bool | None:
+        """Whether this client's identity may `verb` the resource (a SelfSubjectAccessReview, as `kubectl auth
+        can-i` asks); None when the API server does not answer the question."""
+        attrs = {"verb": verb, "group": group, "resource": resource, **({"namespace": namespace} if namespace else {})}
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": attrs}}
+        try:
+            answer = await self.request("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+        except (KubeApiError, aiohttp.ClientError, TimeoutError):
+            return None
+        allowed = (answer.get("status") or {}).get("allowed")
+        return allowed if isinstance(allowed, bool) else None
+
     async def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> Obj:
         """Read one object."""
         return await self.request("GET", resource_path(api_version, plural, namespace, name))

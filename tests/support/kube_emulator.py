@@ -334,6 +334,8 @@ class KubeEmulator:
         if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in ("status", "finalize"):
             namespace, rest = rest[1], rest[2:]
         user = self._user(request)
+        if (group, rest) == ("authorization.k8s.io", ["selfsubjectaccessreviews"]) and request.method == "POST":
+            return aiohttp.web.json_response(self._access_review(user, await request.json()), status=201)
         rt = self.store.resolve(group, version, rest[0])
         name = rest[1] if len(rest) > 1 else None
         subresource = rest[2] if len(rest) > 2 else None
@@ -356,13 +358,25 @@ class KubeEmulator:
         """Count the request and refuse it (403, the API server's message) when RBAC grants it to nobody."""
         full = f"{rt.plural}/{subresource}" if subresource else rt.plural
         self.requests_by_resource[(verb, rt.group, full, namespace or "")] += 1
+        req = kube_rbac.Request(verb, rt.group, rt.plural, subresource, namespace if rt.namespaced else None, name)
+        if not self._allowed(user, req):
+            raise ApiError(403, "Forbidden", kube_rbac.forbidden_message(user, req))
+
+    def _allowed(self, user: User, req: kube_rbac.Request) -> bool:
         if "system:masters" in user.groups:
-            return
+            return True
         rbac = [o for plural in _RBAC_KINDS
                 for o in self.store.list(self.store.resolve("rbac.authorization.k8s.io", "v1", plural))[0]]
-        req = kube_rbac.Request(verb, rt.group, rt.plural, subresource, namespace if rt.namespaced else None, name)
-        if not kube_rbac.allowed(rbac, user, req):
-            raise ApiError(403, "Forbidden", kube_rbac.forbidden_message(user, req))
+        return kube_rbac.allowed(rbac, user, req)
+
+    def _access_review(self, user: User, body: Any) -> Obj:
+        """A SelfSubjectAccessReview (`kubectl auth can-i`): may the caller do spec.resourceAttributes? Every
+        authenticated user may ask, as on a real cluster (system:basic-user)."""
+        attrs = ((body or {}).get("spec") or {}).get("resourceAttributes") or {}
+        req = kube_rbac.Request(attrs.get("verb", ""), attrs.get("group", ""), attrs.get("resource", ""),
+                                attrs.get("subresource") or None, attrs.get("namespace") or None, attrs.get("name") or None)
+        return {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs}, "status": {"allowed": self._allowed(user, req)}}
 
     async def _admit(self, user: User, operation: str, rt: ResourceType, namespace: str | None, name: str,
                      subresource: str | None, obj: Obj | None, old: Obj | None, dry_run: bool) -> list[str]:

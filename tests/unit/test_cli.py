@@ -188,6 +188,26 @@ def test_render_prints_children_deterministically(capsys: pytest.CaptureFixture[
     assert limits["resources"]["limits"]["nvidia.com/gpu"] == "8"
 
 
+def test_render_prints_the_smoke_run_before_the_attempt(capsys: pytest.CaptureFixture[str]) -> None:
+    example = GPU_EXAMPLE.parent / "rljob_grpo_2node.yaml"
+    assert cli.main(["render", "-f", str(example)]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("ConfigMap", "gsm8k-qwen7b-grpo-2node-config"),
+        ("RayJob", "gsm8k-qwen7b-grpo-2node-smoke"),
+        ("RayJob", "gsm8k-qwen7b-grpo-2node-a1"),
+    ]
+    configmap, smoke, attempt = docs
+    assert "smoke-config.yaml" in configmap["data"]
+    entry = smoke["spec"]["entrypoint"]
+    assert "smoke-config.yaml" in entry and "trainer.resume_mode=disable" in entry and "/smoke-run" in entry
+    assert "rl.hybridflow.dev/smoke-run-spec" in smoke["metadata"]["annotations"]
+    assert "rl.hybridflow.dev/smoke-run-spec" not in attempt["metadata"].get("annotations", {})
+    workers = [g.get("replicas") for g in smoke["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
+    full = [g.get("replicas") for g in attempt["spec"]["rayClusterSpec"]["workerGroupSpecs"]]
+    assert sum(workers) < sum(full)  # one node, not the full job's
+
+
 def test_render_uses_the_operators_default_image_unless_the_rljob_pins_one(tmp_path: Path, capsys) -> None:
     job = yaml.safe_load(CPU_EXAMPLE.read_text())
     pinned = {**job, "metadata": {**job["metadata"], "name": "pinned"}, "spec": {**job["spec"], "image": "team/t:1"}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -153,8 +154,11 @@ def test_dependent_created_after_its_owner_is_gone_is_collected(kube: KubeEmulat
     assert call(kube, "GET", CMS + "/ownerless")[0] == 200
 
 
-def read_watch(kube: KubeEmulator, query: str, out: list[dict[str, Any]]) -> None:
+def read_watch(kube: KubeEmulator, query: str, out: list[dict[str, Any]],
+               connected: threading.Event | None = None) -> None:
     with urllib.request.urlopen(kube.url + CMS + "?watch=true&" + query, timeout=10) as resp:
+        if connected is not None:
+            connected.set()  # the server has answered with headers: its watch has begun
         for line in resp:
             out.append(json.loads(line))
 
@@ -165,10 +169,15 @@ def test_watch_from_resource_version_does_not_replay(kube: KubeEmulator) -> None
     rv = listed["metadata"]["resourceVersion"]
     events: list[dict[str, Any]] = []
     full: list[dict[str, Any]] = []
-    watchers = [threading.Thread(target=read_watch, args=(kube, f"resourceVersion={rv}&timeoutSeconds=1", events)),
-                threading.Thread(target=read_watch, args=(kube, "timeoutSeconds=1&labelSelector=w", full))]
+    ready = [threading.Event(), threading.Event()]
+    watchers = [threading.Thread(target=read_watch, args=(kube, f"resourceVersion={rv}&timeoutSeconds=2", events,
+                                                          ready[0])),
+                threading.Thread(target=read_watch, args=(kube, "timeoutSeconds=2&labelSelector=w", full, ready[1]))]
     for w in watchers:
         w.start()
+    # A watch without resourceVersion starts from "now": the writes must come after it began (seen on a loaded box).
+    assert all(r.wait(5) for r in ready)
+    time.sleep(0.05)
     call(kube, "POST", CMS, cm("new", {"w": "1"}))
     call(kube, "DELETE", CMS + "/new")
     for w in watchers:

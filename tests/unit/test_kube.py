@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from rljob_operator import kube
-from rljob_operator.kube import KubeApiError, KubeClient, load_credentials, resource_path
+from rljob_operator.kube import Credentials, KubeApiError, KubeClient, load_credentials, resource_path
 from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_rbac import service_account
 
 
 def kubeconfig(path: pathlib.Path, cluster: dict[str, Any], user: dict[str, Any], current: str = "ctx") -> str:
@@ -112,6 +113,27 @@ async def test_verbs_against_the_emulator(kube: KubeEmulator, tmp_path: pathlib.
             await client.get("v1", "configmaps", "default", "cm")
         assert (exc.value.code, exc.value.reason) == (404, "NotFound")
     assert errors == [("post", 409), ("get", 404)]
+
+
+@pytest.mark.asyncio
+async def test_may_asks_the_api_server_like_kubectl_auth_can_i(kube: KubeEmulator, tmp_path: pathlib.Path) -> None:
+    account = service_account("default", "reader")
+    kube.create("rbac.authorization.k8s.io/v1", "roles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "r"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}]}, "default")
+    kube.create("rbac.authorization.k8s.io/v1", "rolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "r"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+        "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "default"}]}, "default")
+    errors: list[tuple[str, int]] = []
+    path = kube.write_kubeconfig(tmp_path / "kc", token=kube.add_token(account))
+    async with KubeClient(load_credentials(str(path)), on_error=lambda v, c: errors.append((v, c))) as client:
+        assert await client.may("list", "", "configmaps", "default") is True
+        assert await client.may("list", "", "configmaps", "other") is False  # a Role grants in its namespace only
+        assert await client.may("list", "", "namespaces") is False
+    async with KubeClient(Credentials(server="http://127.0.0.1:9")) as client:  # nobody listens there
+        assert await client.may("list", "", "namespaces") is None
+    assert errors == []  # a refusal is an answer, not a failed request
 
 
 @pytest.mark.asyncio
