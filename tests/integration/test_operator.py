@@ -214,7 +214,9 @@ def test_ttl_deletes_the_children_of_a_finished_job_and_keeps_it(kube: KubeEmula
                     "status.childrenDeletedAt")
     assert kept["phase"] == "Succeeded" and kept["completionTime"] == ended and kept["attempt"] == 2
     assert kept["childrenDeletedAt"] >= ended
-    (event,) = [e for e in events_for(kube, "brief") if e["reason"] == "ChildrenDeleted"]
+    # Events are posted after the status write: on a loaded box the status can be read before the Event exists.
+    (event,) = wait_for(lambda: [e for e in events_for(kube, "brief") if e["reason"] == "ChildrenDeleted"],
+                        "the ChildrenDeleted Event")
     assert "RayJob brief-a1, RayJob brief-a2, ConfigMap brief-config" in event["message"]
     time.sleep(2.5)  # a resync later: nothing is recreated, nothing posted twice
     assert not kube.list(RAY, "rayjobs", labels="rl.hybridflow.dev/rljob=brief")
