@@ -312,6 +312,70 @@ class SchedulingSpec(_Model):
     )
 
 
+class RoleResources(_Model):
+    """Per-pod compute resources of a role; every field left unset takes spec.resources' value."""
+
+    gpu_resource_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Extended resource name of the role's GPUs, e.g. nvidia.com/gpu; another device plugin's name "
+        "(or a nodeSelector on a GPU-type label) gives the role its own GPU type. Unset: "
+        "spec.resources.gpuResourceName. The count per pod is derived from spec.config.",
+    )
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit of each pod. Unset: spec.resources.cpu.")
+    memory: Quantity | None = Field(
+        default=None, description="Memory request and limit of each pod. Unset: spec.resources.memory."
+    )
+    shared_memory: Quantity | None = Field(
+        default=None, description="Size of each pod's in-memory /dev/shm. Unset: spec.resources.sharedMemory."
+    )
+
+
+class RolloutRoleSpec(_Model):
+    """The rollout role: pods of their own for the rollout replicas of split placement.
+
+    Its size is the trainer's, not set here: with spec.config.trainer.placement split the rollout gets a
+    resource pool of the trainer's shape, so the role has trainer.nnodes pods of trainer.n_gpus_per_node GPUs
+    each, and actor_rollout_ref.rollout (replicas, tensor_model_parallel_size) decides how the replicas split
+    them. `replicas` and `gpusPerReplica` only state what you expect: a value the config contradicts is refused.
+    """
+
+    replicas: int | None = Field(
+        default=None, ge=1,
+        description="Rollout server replicas you expect (rollout.mode async). The trainer decides them: "
+        "actor_rollout_ref.rollout.replicas, else one per tensor_model_parallel_size GPUs of the pool (one with "
+        "trainer.device cpu); a different value is refused with the config change that gives it. Unset: no check.",
+    )
+    gpus_per_replica: int | None = Field(
+        default=None, ge=1,
+        description="GPUs of each replica you expect: actor_rollout_ref.rollout.tensor_model_parallel_size; a "
+        "different value is refused. Unset: no check.",
+    )
+    resources: RoleResources = Field(
+        default_factory=RoleResources, description="Per-pod resources of the rollout pods (unset: spec.resources')."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the rollout pods must match, merged over spec.pod.nodeSelector key by key (the "
+        "role wins), e.g. a GPU-type label that sends the rollout to cheaper inference GPUs.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints the rollout pods tolerate, in addition to spec.pod.tolerations."
+    )
+
+
+class RolesSpec(_Model):
+    """An RLJob's pods by role. The trainer role (actor, reference, critic, reward model) is always there and
+    uses spec.resources and spec.pod; each role set here gets a KubeRay worker group of its own in the same
+    RayCluster (admitted together), and the trainer places that role's workers on it."""
+
+    rollout: RolloutRoleSpec | None = Field(
+        default=None,
+        description="Pods of their own for the rollout replicas; needs spec.config.trainer.placement: split. "
+        "Unset: the rollout shares the trainer's worker group (colocated, or split over identical pods).",
+    )
+
+
 class RLJobSpec(_Model):
     """Desired state of an RLJob: the trainer config plus how to run it on the cluster.
 
@@ -351,6 +415,11 @@ class RLJobSpec(_Model):
     )
     resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="Per-node compute resources.")
     pod: PodSpec = Field(default_factory=PodSpec, description="Scheduling and environment settings of the pods.")
+    roles: RolesSpec | None = Field(
+        default=None,
+        description="Roles with pods of their own (rollout), each a KubeRay worker group advertising the Ray "
+        "custom resource rljob.role/<role>; sizes come from spec.config. Unset: one worker group for everything.",
+    )
     scheduling: SchedulingSpec | None = Field(
         default=None,
         description="Gang scheduling: Kueue or a KubeRay batch scheduler (Volcano, YuniKorn, KAI Scheduler) and "

@@ -8,6 +8,7 @@ operator can create-or-patch them at any time and `rljob render` shows exactly w
 from __future__ import annotations
 
 import copy
+import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 from hybridflow.recipes import TrainerConfigTree, get_recipe
-from rljob_operator import api, names, scheduling, smoke
+from rljob_operator import api, names, roles, scheduling, smoke
 
 RAY_API_VERSION = "ray.io/v1"
 #: Ray version inside the trainer image (KubeRay uses it to pick compatible behaviour).
@@ -69,7 +70,8 @@ def cluster_shape(config: TrainerConfigTree) -> tuple[int, int]:
     """(worker pods, GPUs per worker pod) of a trainer config; GPUs are 0 when trainer.device is cpu.
 
     Split placement gives the rollout its own pool of the training pool's shape
-    (hybridflow.trainer.main_ppo.build_worker_groups), so it needs twice the nodes.
+    (hybridflow.trainer.main_ppo.build_worker_groups), so it needs twice the nodes (in one worker group
+    without spec.roles; with a rollout role, half of them are the rollout group's, see roles.py).
     """
     trainer = config.trainer
     pools = 2 if trainer.placement == "split" else 1
@@ -114,8 +116,12 @@ def _metadata(rljob: api.RLJob, name: str, labels: dict[str, str],
     return meta
 
 
+#: libyaml's emitter when PyYAML was built with it (the same YAML, several times faster than the pure-Python one).
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def _dump(config: TrainerConfigTree) -> str:
-    return yaml.safe_dump(config.to_dict(), sort_keys=False, default_flow_style=False)
+    return yaml.dump(config.to_dict(), Dumper=_DUMPER, sort_keys=False, default_flow_style=False)
 
 
 def build_configmap(rljob: api.RLJob) -> dict[str, Any]:
@@ -135,13 +141,15 @@ def build_configmap(rljob: api.RLJob) -> dict[str, Any]:
     }
 
 
-def _env(rljob: api.RLJob, attempt: int) -> list[dict[str, Any]]:
+def _env(rljob: api.RLJob, attempt: int, job_roles: list[roles.Role]) -> list[dict[str, Any]]:
     builtin: list[dict[str, Any]] = [
         {"name": "RLJOB_NAME", "value": rljob.metadata.name},
         {"name": "RLJOB_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "HYBRIDFLOW_ATTEMPT", "value": str(attempt)},
         {"name": "HYBRIDFLOW_METRICS_PORT", "value": str(METRICS_PORT)},
     ]
+    if job_roles:  # the driver's resource pools ask for each role's Ray custom resource (resource_pool.py)
+        builtin.append({"name": roles.ROLE_RESOURCES_ENV, "value": roles.role_resources_env(job_roles)})
     user = [e.model_dump(mode="json", exclude_none=True) for e in rljob.spec.pod.env]
     return builtin + user
 
@@ -162,16 +170,35 @@ def _resources(cpu: api.Quantity, memory: api.Quantity, gpu_name: str, gpus: int
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """What a pod template takes from a role rather than from spec.resources / spec.pod."""
+
+    shared_memory: api.Quantity
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, Any]]
+
+    @staticmethod
+    def of_spec(rljob: api.RLJob) -> _Placement:
+        pod = rljob.spec.pod
+        return _Placement(rljob.spec.resources.shared_memory, dict(pod.node_selector),
+                          [t.model_dump(mode="json", exclude_none=True) for t in pod.tolerations])
+
+    @staticmethod
+    def of_role(role: roles.Role) -> _Placement:
+        return _Placement(role.shared_memory, dict(role.node_selector), list(role.tolerations))
+
+
 def _pod_template(
-    rljob: api.RLJob, attempt: int, container: str, resources: dict[str, Any], ports: list[dict[str, Any]],
-    default_image: str, labels: dict[str, str],
+    rljob: api.RLJob, run: _Run, container: str, resources: dict[str, Any], ports: list[dict[str, Any]],
+    default_image: str, placement: _Placement, labels: dict[str, str],
 ) -> dict[str, Any]:
     spec, pod = rljob.spec, rljob.spec.pod
     main: dict[str, Any] = {
         "name": container,
         "image": spec.image or default_image,
         "imagePullPolicy": spec.image_pull_policy,
-        "env": _env(rljob, attempt),
+        "env": _env(rljob, run.attempt, run.roles),
     }
     env_from = _env_from(rljob)
     if env_from:
@@ -188,12 +215,12 @@ def _pod_template(
         "volumes": [
             {"name": _CONFIG_VOLUME, "configMap": {"name": names.config_map_name(rljob.metadata.name)}},
             # NCCL and Ray's object store need a /dev/shm much larger than the 64 MiB container default.
-            {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.resources.shared_memory)}},
+            {"name": _SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(placement.shared_memory)}},
         ],
     }
     optional: dict[str, Any] = {
-        "nodeSelector": dict(pod.node_selector) or None,
-        "tolerations": [t.model_dump(mode="json", exclude_none=True) for t in pod.tolerations] or None,
+        "nodeSelector": dict(placement.node_selector) or None,
+        "tolerations": list(placement.tolerations) or None,
         "affinity": copy.deepcopy(pod.affinity) if pod.affinity else None,
         "priorityClassName": pod.priority_class_name,
         "schedulerName": pod.scheduler_name,
@@ -216,8 +243,9 @@ def build_rayjob(rljob: api.RLJob, attempt: int, annotations: dict[str, str] | N
     Its labels hand it to the scheduler of `spec.scheduling` (scheduling.build_scheduling_labels). Raises hybridflow.config.ConfigError for an invalid config: validate first (validation.py).
     """
     name = rljob.metadata.name
+    config = trainer_config(rljob)
     return _rayjob(rljob, _Run(names.ray_job_name(name, attempt), attempt, names.attempt_labels(name, attempt),
-                               trainer_config(rljob), entrypoint(rljob)), annotations, default_image)
+                               config, entrypoint(rljob), roles.derive(rljob, config)), annotations, default_image)
 
 
 def smoke_entrypoint(rljob: api.RLJob, shape: smoke.SmokeShape) -> str:
@@ -236,7 +264,8 @@ def build_smoke_rayjob(rljob: api.RLJob, annotations: dict[str, str] | None = No
     shape = smoke.derive(rljob)
     name = rljob.metadata.name
     return _rayjob(rljob, _Run(names.smoke_run_name(name), 0, names.smoke_run_labels(name), shape.config,
-                               smoke_entrypoint(rljob, shape)), annotations, default_image)
+                               smoke_entrypoint(rljob, shape), roles.derive(rljob, shape.config)),
+                   annotations, default_image)
 
 
 @dataclass(frozen=True)
@@ -248,23 +277,56 @@ class _Run:
     labels: dict[str, str]
     config: TrainerConfigTree
     entrypoint: str
+    #: The run's roles (roles.derive of `config`); empty: one worker group for everything.
+    roles: list[roles.Role]
+
+
+def _worker_groups(rljob: api.RLJob, run: _Run, default_image: str) -> list[dict[str, Any]]:
+    """One worker group of identical pods, or (spec.roles) one per role advertising the role's Ray resource."""
+    if not run.roles:
+        nnodes, gpus = cluster_shape(run.config)
+        res = rljob.spec.resources
+        worker = _pod_template(
+            rljob, run, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), [],
+            default_image, _Placement.of_spec(rljob), run.labels,
+        )
+        return [_worker_group(names.WORKER_GROUP, nnodes, {}, worker)]
+    groups = []
+    for role in run.roles:
+        template = _pod_template(
+            rljob, run, "ray-worker", _resources(role.cpu, role.memory, role.gpu_resource_name, role.gpus_per_pod),
+            [], default_image, _Placement.of_role(role), {**run.labels, roles.LABEL_ROLE: role.name},
+        )
+        # KubeRay puts the value on the `ray start --resources=...` shell line, and also parses it itself
+        # (pod.go, getResourcesMap: surrounding quotes trimmed, then JSON): a JSON object in single quotes
+        # suits both, and is the form KubeRay writes (the docs' '"{\"A\": 1}"' form fails its JSON parse).
+        advertised = json.dumps({role.resource: role.slots_per_pod})
+        groups.append(_worker_group(role.group_name, role.pods, {"resources": f"'{advertised}'"}, template))
+    return groups
+
+
+def _worker_group(name: str, pods: int, start_params: dict[str, str], template: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "groupName": name,
+        "replicas": pods,
+        "minReplicas": pods,
+        "maxReplicas": pods,
+        "rayStartParams": start_params,
+        "template": template,
+    }
 
 
 def _rayjob(rljob: api.RLJob, run: _Run, annotations: dict[str, str] | None, default_image: str) -> dict[str, Any]:
-    nnodes, gpus = cluster_shape(run.config)
     res = rljob.spec.resources
     head = _pod_template(
         rljob,
-        run.attempt,
+        run,
         "ray-head",
         _resources(res.head.cpu, res.head.memory, res.gpu_resource_name, 0),
         [{"name": "trainer-metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         default_image,
+        _Placement.of_spec(rljob),
         run.labels,
-    )
-    worker = _pod_template(
-        rljob, run.attempt, "ray-worker", _resources(res.cpu, res.memory, res.gpu_resource_name, gpus), [],
-        default_image, run.labels,
     )
     labels = {**run.labels, **scheduling.build_scheduling_labels(rljob, run.name)}
     queued = scheduling.admitted_by_kueue(rljob)
@@ -281,16 +343,7 @@ def _rayjob(rljob: api.RLJob, run: _Run, annotations: dict[str, str] | None, def
                 "rayVersion": RAY_VERSION,
                 # num-cpus 0: no training actors on the head; it only runs the driver (single controller).
                 "headGroupSpec": {"rayStartParams": {"num-cpus": "0"}, "template": head},
-                "workerGroupSpecs": [
-                    {
-                        "groupName": names.WORKER_GROUP,
-                        "replicas": nnodes,
-                        "minReplicas": nnodes,
-                        "maxReplicas": nnodes,
-                        "rayStartParams": {},
-                        "template": worker,
-                    }
-                ],
+                "workerGroupSpecs": _worker_groups(rljob, run, default_image),
             },
         },
     }

@@ -154,6 +154,9 @@ def build_local_run(
     """
     rljob = rljob.model_copy(deep=True)
     rljob.metadata.uid = rljob.metadata.uid or LOCAL_UID
+    # One machine holds every role: no pods per role, so no Ray resource to place the pools by (roles.py).
+    role_notes = ["spec.roles: every role runs on this machine"] if rljob.spec.roles is not None else []
+    rljob.spec.roles = None
     config_text = build_configmap(rljob)["data"][names.CONFIG_KEY]
     rayjob = build_rayjob(rljob, LOCAL_ATTEMPT)
     config_path = workdir / names.CONFIG_KEY
@@ -164,7 +167,7 @@ def build_local_run(
     config = parse(apply_overrides(yamlio.load_mapping(config_text, names.CONFIG_KEY), argv[4:]))
     config.validate_for_run()
     env, notes = _local_env(_head_container(rayjob), rljob, environ)
-    return LocalRun(rljob.metadata.name, argv, env, config_text, config_path, config, notes)
+    return LocalRun(rljob.metadata.name, argv, env, config_text, config_path, config, role_notes + notes)
 
 
 def device_problem(config: TrainerConfigTree, gpus: int) -> str | None:

@@ -18,7 +18,7 @@ from hybridflow._config.errors import describe_error, dotted, shorten
 from hybridflow._config.values import location_scheme
 from hybridflow.config import ConfigError
 from hybridflow.recipes import RECIPE_NAMES, TrainerConfigTree, get_recipe
-from rljob_operator import api, names, scheduling, smoke
+from rljob_operator import api, names, roles, scheduling, smoke
 from rljob_operator.builders import METRICS_PORT, merged_config, operator_trainer_values
 
 # Patterns below are used with fullmatch: `$` would also match before a final newline ("demo\n").
@@ -37,7 +37,7 @@ _QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|
 _MAX_QUANTITY = Decimal(2**63 - 1)
 _MAX_EXPONENT_DIGITS = 3
 _QUANTITY_EXAMPLES = "e.g. 4, 500m, 16Gi"
-_BUILTIN_ENV = ("RLJOB_NAME", "RLJOB_NAMESPACE", "HYBRIDFLOW_ATTEMPT", "HYBRIDFLOW_METRICS_PORT")
+_BUILTIN_ENV = ("RLJOB_NAME", "RLJOB_NAMESPACE", "HYBRIDFLOW_ATTEMPT", "HYBRIDFLOW_METRICS_PORT", roles.ROLE_RESOURCES_ENV)
 #: Larger than any GPU node sold today: a pod asking for more GPUs than this can never be scheduled.
 _MAX_GPUS_PER_NODE = 16
 
@@ -103,6 +103,7 @@ def check_rljob(obj: Any) -> ValidationReport:
     config = _check_config(merged_config(rljob), report, rljob.spec.recipe)
     _check_resources(rljob, config, report)
     _check_pod(rljob, report)
+    _check_roles(rljob, config, report)
     _check_checkpoint(rljob, config, report)
     if config is not None and rljob.spec.run_policy.smoke_run is not None:
         report.errors.extend(smoke_run_problems(rljob))
@@ -349,13 +350,9 @@ def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
     for i, source in enumerate(pod.env_from):
         if (source.secret_ref is None) == (source.config_map_ref is None):
             problems.append(f"{where}.envFrom[{i}]: set exactly one of secretRef or configMapRef")
-    for i, tol in enumerate(pod.tolerations):
-        if tol.operator == "Exists" and tol.value:
-            problems.append(f"{where}.tolerations[{i}].value: must be empty with operator Exists; remove it")
-        if tol.toleration_seconds is not None and tol.effect != "NoExecute":
-            problems.append(f"{where}.tolerations[{i}].tolerationSeconds: only applies to effect NoExecute")
+    problems.extend(toleration_problems(pod.tolerations, f"{where}.tolerations"))
     for key, value in pod.labels.items():
-        if key in names.attempt_labels("any", 1) or key == names.LABEL_SMOKE_RUN:
+        if key in names.attempt_labels("any", 1) or key in (names.LABEL_SMOKE_RUN, roles.LABEL_ROLE):
             problems.append(f"{where}.labels.{key}: set by the operator (it selects pods by it); remove it")
         elif key in scheduling.SCHEDULING_LABELS:
             problems.append(f"{where}.labels.{key}: set by the operator and KubeRay from spec.scheduling; remove "
@@ -366,6 +363,54 @@ def pod_problems(pod: api.PodSpec, where: str = "spec.pod") -> list[str]:
                 "digits, '-', '_' or '.', starting and ending with a letter or digit); fix the value"
             )
     return problems
+
+
+def toleration_problems(tolerations: list[api.Toleration], where: str) -> list[str]:
+    """What is wrong with a list of tolerations at `where` (e.g. spec.pod.tolerations)."""
+    problems: list[str] = []
+    for i, tol in enumerate(tolerations):
+        if tol.operator == "Exists" and tol.value:
+            problems.append(f"{where}[{i}].value: must be empty with operator Exists; remove it")
+        if tol.toleration_seconds is not None and tol.effect != "NoExecute":
+            problems.append(f"{where}[{i}].tolerationSeconds: only applies to effect NoExecute")
+    return problems
+
+
+def _check_roles(rljob: api.RLJob, config: TrainerConfigTree | None, report: ValidationReport) -> None:
+    """spec.roles: each role's own pod settings, and that spec.config gives the role its pool (roles.py)."""
+    own = rljob.spec.roles.rollout if rljob.spec.roles is not None else None
+    if own is None:
+        return
+    where, res, defaults = "spec.roles.rollout", own.resources, rljob.spec.resources
+    if res.gpu_resource_name is not None and not _RESOURCE_NAME.fullmatch(res.gpu_resource_name):
+        report.errors.append(
+            f"{where}.resources.gpuResourceName: {shorten(res.gpu_resource_name)} is not an extended resource name; "
+            "use a domain-prefixed name such as nvidia.com/gpu or amd.com/gpu"
+        )
+    amounts = {}
+    for key, value in (("cpu", res.cpu), ("memory", res.memory), ("sharedMemory", res.shared_memory)):
+        if value is not None:
+            amounts[key] = _quantity(f"{where}.resources.{key}", value, report)
+    memory, shm = res.memory if res.memory is not None else defaults.memory, (
+        res.shared_memory if res.shared_memory is not None else defaults.shared_memory)
+    if (res.memory is not None or res.shared_memory is not None) and None not in amounts.values():
+        try:
+            too_big = parse_quantity(shm) >= parse_quantity(memory)
+        except ValueError:
+            too_big = False  # the spec.resources check reports the unparsable default
+        if too_big:
+            report.errors.append(
+                f"{where}.resources.sharedMemory: {shm} is not below the rollout pods' memory {memory}; /dev/shm is "
+                "memory-backed and counts against the pod's memory limit: lower it or raise memory"
+            )
+    report.errors.extend(toleration_problems(own.tolerations, f"{where}.tolerations"))
+    for key, value in own.node_selector.items():
+        if not _is_label_value(value) and value != "":
+            report.errors.append(
+                f"{where}.nodeSelector.{dotted((key,))}: {shorten(value)} is not a valid label value (up to 63 "
+                "letters, digits, '-', '_' or '.'); use the value of the node label to match"
+            )
+    report.errors.extend(roles.config_problems(rljob, config))
 
 
 def _check_checkpoint(rljob: api.RLJob, config: TrainerConfigTree | None, report: ValidationReport) -> None:

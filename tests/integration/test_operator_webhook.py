@@ -8,7 +8,6 @@ Service's DNS name, timeout, failurePolicy, namespaceSelector) and the real kube
 
 from __future__ import annotations
 
-
 import base64
 import copy
 import json
@@ -30,6 +29,7 @@ from rljob_operator.validation import check_rljob
 from tests.support import binaries
 from tests.support.helm import CHART, render
 from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_rbac import User
 from tests.support.operator_proc import Operator, wait_for
 from tests.support.server_process import free_port
 
@@ -149,6 +149,28 @@ def test_metadata_changes_of_an_invalid_rljob_are_allowed(
     done = run(kubectl, kube, tmp_path, "label", "rljob", "legacy", "team=a")
     assert done.returncode == 0, done.stderr
     assert run(kubectl, kube, tmp_path, "delete", "rljob", "legacy").returncode == 0
+
+
+def test_the_operators_own_writes_skip_the_webhook(cluster: tuple[KubeEmulator, Operator, dict[str, Any]]) -> None:
+    """The chart's matchCondition keeps the operator's service account away from its own webhook (kopf patches
+    annotations and finalizers of every RLJob it handles); any other user's write is still reviewed."""
+    kube, _, info = cluster
+    (condition,) = kube.get(VWC, "validatingwebhookconfigurations", info["vwc"], None)["webhooks"][0]["matchConditions"]
+    account = condition["expression"].split("'")[1]
+    assert account == "system:serviceaccount:rljob-system:rljob-rljob-operator"
+    kube.create(RLJ, "rljobs", manifest("own-writes"), "default")
+    url = f"{kube.url}/apis/rl.hybridflow.dev/v1alpha1/namespaces/default/rljobs/own-writes"
+    for username, skipped in ((account, True), ("alice", False)):
+        token = kube.add_token(User(username, ("system:masters", "system:authenticated")))
+        before, calls = kube.admission.skipped, len(kube.admission.calls)
+        request = urllib.request.Request(
+            url, method="PATCH", data=json.dumps({"metadata": {"labels": {"by": username.split(":")[-1]}}}).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/merge-patch+json"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            assert resp.status == 200
+        assert kube.admission.skipped - before == int(skipped), username
+        if not skipped:
+            assert len(kube.admission.calls) > calls
 
 
 def test_namespace_selector_limits_the_webhook(

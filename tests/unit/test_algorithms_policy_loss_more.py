@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from hybridflow.algorithms import get_policy_loss_fn
 from hybridflow._config.async_training import RolloutCorrectionConfig
+from hybridflow.algorithms import get_policy_loss_fn
 
 BS, T = 5, 7
 LENGTHS = [7, 4, 1, 0, 5]  # row 3 fully masked

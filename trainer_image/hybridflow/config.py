@@ -59,6 +59,7 @@ from ._config.names import (
 from ._config.overrides import apply_overrides, too_deep_problem
 from ._config.root import HybridFlowConfig
 from ._config.rules import check_runnable as _runnable_problems
+from ._config.verl_compat import plus_defaults
 from ._config.workers import (
     ActorConfig,
     ActorRolloutRefConfig,
@@ -147,11 +148,14 @@ def parse_config(mapping: Mapping[str, Any]) -> HybridFlowConfig:
 
 
 def load_config(path: str | FsPath | None = None, overrides: Iterable[str] = ()) -> HybridFlowConfig:
-    """Read a YAML file (None: start from defaults), apply Hydra-style overrides and validate."""
+    """Read a YAML file (None: start from defaults), apply Hydra-style overrides and validate.
+
+    `+key=v` on a key the file, an earlier override or the schema's defaults already has is refused, as Hydra
+    refuses it; `++key=v` adds or replaces."""
     mapping: Any = {}
     if path is not None:
         mapping = _read_yaml(FsPath(path))
-    return parse_config(apply_overrides(mapping, list(overrides)))
+    return parse_config(apply_overrides(mapping, list(overrides), _plus_defaults()))
 
 
 def check_runnable(cfg: HybridFlowConfig) -> None:
@@ -181,6 +185,12 @@ def _read_yaml(path: FsPath) -> dict[str, Any]:
 def _raw_defaults() -> dict[str, Any]:
     """Schema defaults before derived values are filled in (the targets `${...}` may reference)."""
     return HybridFlowConfig.model_construct().model_dump()
+
+
+@functools.cache
+def _plus_defaults() -> dict[str, Any]:
+    """The default keys `+key=v` may not add (verl_compat.plus_defaults: less those verl's own defaults lack)."""
+    return plus_defaults(_raw_defaults())
 
 
 def _schema_default(path: tuple[str, ...]) -> Any:

@@ -416,7 +416,7 @@ def load_offline_config(
                 f"{path}: this is a Kubernetes manifest, not a trainer config; run it with `rljob run -f {path}`, "
                 "or pass the mapping under its spec.config"
             ])
-    return parse_offline_config(apply_overrides(mapping, list(overrides)), recipe)
+    return parse_offline_config(apply_overrides(mapping, list(overrides), _raw_defaults(recipe)), recipe)
 
 
 @functools.cache

@@ -42,21 +42,26 @@ def parse_value(text: str) -> Any:
     return value
 
 
-def apply_overrides(mapping: Mapping[str, Any] | None, overrides: Iterable[str]) -> dict[str, Any]:
+def apply_overrides(
+    mapping: Mapping[str, Any] | None, overrides: Iterable[str], defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Return a copy of `mapping` with the overrides applied in order; ConfigError lists every bad one.
 
-    `a.b=v` sets a key, creating missing parent groups; `+a.b=v` adds a key that must not exist yet;
-    `++a.b=v` adds or replaces; `~a.b` removes a key (a missing key is already at its default, so that
-    is not an error); `~a.b=v` removes it only if it currently equals v.
+    `a.b=v` sets a key, creating missing parent groups; `+a.b=v` adds a key that must not exist yet, in
+    `mapping` nor in `defaults` (the schema's defaults: Hydra composes them first, so it refuses `+` on a
+    default key too); `++a.b=v` adds or replaces; `~a.b` removes a key (a missing key is already at its
+    default, so that is not an error); `~a.b=v` removes it only if it currently equals v. A key `+` or `++`
+    adds is validated like any other afterwards: an unknown key stays unknown.
     """
     deep = yamlio.find_too_deep(mapping or {})
     if deep is not None:  # copy.deepcopy below recurses once per level
         raise ConfigError([too_deep_problem(deep)])
     result: dict[str, Any] = copy.deepcopy(dict(mapping or {}))
     problems: list[str] = []
+    removed: set[tuple[str, ...]] = set()  # `~a.b` then `+a.b=v` adds it again, as in Hydra
     for raw in overrides:
         try:
-            _apply_one(result, raw)
+            _apply_one(result, raw, defaults or {}, removed)
         except _OverrideError as exc:
             problems.append(f"{yamlio.shorten_repr(raw)}: {exc}")
     if problems:
@@ -68,12 +73,14 @@ class _OverrideError(Exception):
     """One override that cannot be applied."""
 
 
-def _apply_one(tree: dict[str, Any], raw: str) -> None:
-    """Apply one override to `tree` in place."""
+def _apply_one(tree: dict[str, Any], raw: str, defaults: Mapping[str, Any], removed: set[tuple[str, ...]]) -> None:
+    """Apply one override to `tree` in place (`removed`: the keys `~` removed so far, updated)."""
     text = raw.strip()
     if text.startswith("~"):
         key, sep, value_text = text[1:].partition("=")
-        _remove(tree, _split_key(key), parse_value(value_text) if sep else _NO_VALUE)
+        parts = _split_key(key)
+        _remove(tree, parts, parse_value(value_text) if sep else _NO_VALUE)
+        removed.add(tuple(parts))
         return
     mode = "++" if text.startswith("++") else "+" if text.startswith("+") else ""
     key, sep, value_text = text[len(mode) :].partition("=")
@@ -81,14 +88,39 @@ def _apply_one(tree: dict[str, Any], raw: str) -> None:
         raise _OverrideError(f"missing '='; {HOW_TO}")
     parts = _split_key(key)
     parent = _parent(tree, parts, create=True)
-    if mode == "+" and parts[-1] in parent:
-        raise _OverrideError(
-            f"{key.strip()} already exists (value {yamlio.shorten_repr(parent[parts[-1]], 80)}); use {key.strip()}=... to replace it"
-        )
+    if mode == "+" and not any(tuple(parts[:n]) in removed for n in range(1, len(parts) + 1)):
+        _refuse_append_to_existing(key.strip(), parts, parent, defaults)
     parent[parts[-1]] = parse_value(value_text)
 
 
-_NO_VALUE = object()
+def _refuse_append_to_existing(key: str, parts: list[str], parent: dict[str, Any], defaults: Mapping[str, Any]) -> None:
+    """`+key=v` on a key that is set (in the file, an earlier override or the defaults): Hydra's "Could not append
+    to config. An item is already at ...", with the fix."""
+    if parts[-1] in parent:
+        where, value = "set", parent[parts[-1]]
+    else:
+        default = _lookup(defaults, parts)
+        if default is _NO_VALUE:
+            return
+        where, value = "a default key", default
+    raise _OverrideError(
+        f"{key} already exists ({where}, value {yamlio.shorten_repr(value, 80)}), and '+' only adds a key that is not "
+        f"there (Hydra refuses it too: \"Could not append to config\"); drop the '+' to replace it ({key}=...), or "
+        f"write ++{key}=... (add or replace)"
+    )
+
+
+def _lookup(tree: Mapping[str, Any], parts: list[str]) -> Any:
+    """The value at `parts` in nested mappings, or _NO_VALUE when absent."""
+    node: Any = tree
+    for part in parts:
+        if not isinstance(node, Mapping) or part not in node:
+            return _NO_VALUE
+        node = node[part]
+    return node
+
+
+_NO_VALUE: Any = object()
 
 
 def _remove(tree: dict[str, Any], parts: list[str], expected: Any) -> None:

@@ -385,15 +385,14 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.tensor_model_parallel_size: {ro.tensor_model_parallel_size} requested: "
             f"{verl_features.SERVER_TP.message}"
         )
-    if ro.mode == "sync" and (mt.enable or mt.tool_config_path or ro.agent.agent_loop_config_path):
+    if ro.mode == "sync" and (mt.enable or mt.tool_config_path or mt.interaction_config_path
+                              or ro.agent.agent_loop_config_path):
         out.append(
             f"{ROLLOUT}.multi_turn / agent: tool calling and agent loops run in server mode only; set "
             f"{ROLLOUT}.mode=async"
         )
     if mt.format != "hermes":
         out.append(f"{ROLLOUT}.multi_turn.format: {verl_features.TOOL_FORMATS.message} (got {shorten(mt.format)})")
-    if mt.interaction_config_path:
-        out.append(f"{ROLLOUT}.multi_turn.interaction_config_path: {verl_features.INTERACTIONS.message}")
     if mt.use_inference_chat_template:
         out.append(
             f"{ROLLOUT}.multi_turn.use_inference_chat_template: true re-renders turns with the chat template, which "

@@ -35,6 +35,7 @@ def translate(mapping: dict[str, Any]) -> Translation:
     out = Translation(copy.deepcopy(mapping))
     _accept_no_op_keys(out)
     _server_mode_for_tools(out)
+    _single_turn_in_sync_mode(out)
     for group in (ACTOR, "critic"):
         _clip_grad(out, group)
     for deprecated in _DEPRECATED:
@@ -94,6 +95,27 @@ def _yaml(value: Any) -> str:
     return shorten(value, 60) if not isinstance(value, str | int | float) else str(value)
 
 
+# ------------------------------------------------------------------------------- Hydra's '+' keys
+
+#: Keys HybridFlow's schema has a default for and verl's `ppo_trainer.yaml` does not, so verl's command lines add
+#: them with `+key=v` (Hydra refuses `+` on a key the composed config has): `+` on these is not refused here.
+#: `*` is one level. A key's children go with it (`+...mixed_precision.param_dtype=bf16` is accepted too).
+PLUS_ADDS = (
+    "*.*.fsdp_config.model_dtype",  # actor_rollout_ref.actor, .ref, critic.model, reward_model.model
+    "*.*.fsdp_config.mixed_precision",
+    "data.gen_batch_size",  # DAPO's generation batch
+)
+
+
+def plus_defaults(defaults: dict[str, Any]) -> dict[str, Any]:
+    """The defaults `+key=v` counts as existing keys (Hydra's composed config): `defaults` less PLUS_ADDS."""
+    tree = copy.deepcopy(defaults)
+    for path, parent, key in list(verl_features.walk(tree)):
+        if key in parent and any(verl_features.matches(p, path) for p in PLUS_ADDS):
+            del parent[key]
+    return tree
+
+
 # ---------------------------------------------------------------------------- multi-turn rollout
 
 
@@ -110,6 +132,45 @@ def _server_mode_for_tools(out: Translation) -> None:
     rollout["mode"] = "async"
     out.notes.append(
         "rollout.mode=async set: multi_turn.enable=true runs in server mode (verl's default mode; HybridFlow's is sync)"
+    )
+
+
+def _single_turn_in_sync_mode(out: Translation) -> None:
+    """`rollout.mode=async` for single-turn generation that server mode here cannot serve runs in sync mode, noted.
+
+    verl's default mode is async, and a verl line without a mode runs in sync mode here already: for single-turn
+    prompts (no tools, agent loop, interactions or asynchronous training) both give the same samples, one request
+    per response (verl's single-turn agent loop). An explicit mode=async says the same as verl's default, so where
+    HybridFlow's server replicas cannot serve it (they are vLLM with tensor_model_parallel_size=1 on GPU) the
+    line runs in sync mode, as a line without the key does, with a note; anything that needs server mode keeps
+    mode=async and its refusal.
+    """
+    rollout = _group(out.mapping, "actor_rollout_ref.rollout")
+    if rollout is None or rollout.get("mode") != "async":
+        return
+    multi_turn = _group(rollout, "multi_turn") or {}
+    agent = _group(rollout, "agent") or {}
+    custom_server = _group(agent, "custom_async_server") or {}
+    async_training = _group(out.mapping, "async_training") or {}
+    needs_server = (
+        multi_turn.get("enable") is True or multi_turn.get("tool_config_path") or multi_turn.get("interaction_config_path")
+        or agent.get("agent_loop_config_path") or custom_server.get("path")
+        or async_training.get("mode", "sync") != "sync"
+    )
+    if needs_server:
+        return
+    name = rollout.get("name", _field_default(("actor_rollout_ref", "rollout", "name")))
+    tp = rollout.get("tensor_model_parallel_size", _field_default(("actor_rollout_ref", "rollout", "tensor_model_parallel_size")))
+    device = (_group(out.mapping, "trainer") or {}).get("device", _field_default(("trainer", "device")))
+    why = (f"server replicas here are vLLM (rollout.name={_yaml(name)})" if name != "vllm" else
+           f"server replicas here have tensor_model_parallel_size=1 (got {_yaml(tp)})"
+           if device == "cuda" and isinstance(tp, int) and not isinstance(tp, bool) and tp > 1 else None)
+    if why is None:
+        return
+    rollout["mode"] = "sync"
+    out.notes.append(
+        f"rollout.mode=async runs in sync mode: single-turn prompts give the same samples either way (verl's "
+        f"single-turn agent loop, one request per response) and {why}"
     )
 
 

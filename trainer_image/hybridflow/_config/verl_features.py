@@ -18,6 +18,7 @@ a field. No torch, no Ray.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -112,10 +113,6 @@ REWARD_LOOP = Feature(
 REWARD_POOL = Feature(
     "reward_pool", "a separate reward-model resource pool", "remove it: the reward model shares the actor's devices",
 )
-SANDBOX_REWARD = Feature(
-    "sandbox_reward", "SandboxFusion code-execution reward", "remove it; score code with custom_reward_function.path",
-    later=True,
-)
 REWARD_MANAGERS = Feature(
     "reward_manager", "this verl reward manager", "use reward_model.reward_manager=naive, dapo, batch or prime",
     later=True,
@@ -146,9 +143,9 @@ SGLANG_SERVER = Feature(
     "sglang_server", "server-mode (async) rollout on SGLang",
     "set actor_rollout_ref.rollout.name=vllm (CPU: `make vllm`), or mode=sync", later=True,
 )
-INTERACTIONS = Feature(
-    "interactions", "verl's interactions (simulated user turns)", "remove them; tool calling works without",
-    later=True,
+REPEAT_ROLLOUTS = Feature(
+    "num_repeat_rollouts", "verl's multi_turn.num_repeat_rollouts (repeating each interaction rollout)",
+    "remove it; actor_rollout_ref.rollout.n samples each prompt n times",
 )
 TOOL_FORMATS = Feature(
     "tool_format", "this multi-turn tool-call format",
@@ -160,8 +157,9 @@ CUSTOM_SERVER = Feature(
 ROUTING_REPLAY = Feature("routing_replay", "MoE routing replay", "remove it: experts are routed afresh in each forward")
 MTP = Feature("mtp", "multi-token prediction (model.mtp)", "remove model.mtp.*")
 ALGO_EXTRAS = Feature(
-    "algorithm_extras", "this verl algorithm option",
-    "remove it (for truncated importance sampling against the rollout use actor.tis_imp_ratio_cap)", later=True,
+    "algorithm_extras", "verl's shared-prefix forward (PrefixGrouper) with this value",
+    "set use_prefix_grouper to true or false (both train the same here: each response's forward includes its "
+    "prompt) or remove it", later=True,
 )
 DATA_EXTRAS = Feature(
     "data_extras", "this verl data option",
@@ -254,7 +252,6 @@ KEYS: tuple[VerlKey, ...] = (
             note="false: the reward model shares the actor's devices, as here"),
     VerlKey("reward_model.nnodes", REWARD_POOL, accepts=(0,), note="0: no pool of its own, as here"),
     VerlKey("reward_model.n_gpus_per_node", REWARD_POOL, accepts=(0,), note="0: no pool of its own, as here"),
-    VerlKey("reward_model.sandbox_fusion", SANDBOX_REWARD),
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.torch.step_start", feature=PROFILER_WINDOW,
            accepts=(0, -1), note="the whole update is traced, as here"),
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.torch.step_end", feature=PROFILER_WINDOW,
@@ -267,8 +264,10 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("global_profiler._target_", None, note="a verl dataclass path"),
     VerlKey("actor_rollout_ref.rollout.over_sample_rate", ROLLOUT_EXTRAS, accepts=(0, 0.0),
             note="0: every request runs to completion, as here"),
-    VerlKey("actor_rollout_ref.rollout.multi_stage_wake_up", ROLLOUT_EXTRAS, accepts=(False,),
-            note="false: the engine wakes in one stage, as here"),
+    VerlKey("actor_rollout_ref.rollout.multi_stage_wake_up", ROLLOUT_EXTRAS, accepts=(False, True),
+            note="a peak-memory option (wake the weights, sync them, then the KV cache): the vLLM engine here always "
+            "wakes in those stages (sync mode), SGLang and server replicas resume weights and KV cache together; "
+            "the samples are the same either way"),
     VerlKey("actor_rollout_ref.rollout.checkpoint_engine", ROLLOUT_EXTRAS),
     VerlKey("actor_rollout_ref.rollout.skip_tokenizer_init", ROLLOUT_EXTRAS),
     VerlKey("actor_rollout_ref.rollout.data_parallel_size", ROLLOUT_EXTRAS, accepts=(1,),
@@ -281,13 +280,15 @@ KEYS: tuple[VerlKey, ...] = (
             note="the engine's own Prometheus server; HybridFlow's metrics are served with trainer.logger=prometheus"),
     VerlKey("actor_rollout_ref.rollout.trace", None,
             note="rollout tracing to mlflow/weave (logging only); HybridFlow does not trace rollouts"),
-    VerlKey("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", INTERACTIONS),
+    VerlKey("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", REPEAT_ROLLOUTS),
     VerlKey("actor_rollout_ref.actor.router_replay", ROUTING_REPLAY),
     VerlKey("actor_rollout_ref.rollout.enable_rollout_routing_replay", ROUTING_REPLAY, accepts=(False,),
             note="false: no routing replay, as here"),
     VerlKey("actor_rollout_ref.model.mtp", MTP),
-    VerlKey("actor_rollout_ref.actor.use_prefix_grouper", ALGO_EXTRAS, accepts=(False,),
-            note="false: no shared-prefix forward, as here"),
+    VerlKey("actor_rollout_ref.actor.use_prefix_grouper", ALGO_EXTRAS, accepts=(False, True),
+            note="a compute saver (verl encodes the prompt a group's responses share once, with the same outputs and "
+            "gradients, arXiv:2506.05433); here each response's forward includes its prompt: same log-probs and "
+            "gradients, more compute for long prompts"),
     VerlKey("data.trust_remote_code", DATA_EXTRAS, accepts=(False,), note="false: no remote code, as here"),
     VerlKey("data.filter_overlong_prompts_workers", None,
             note="worker processes for filter_overlong_prompts; prompts are filtered in the driver"),
@@ -412,8 +413,12 @@ CONFIG_NAMES: dict[str, ConfigName] = {
 # ------------------------------------------------------------------------------------------ lookups
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def matches(pattern: str, loc: tuple[Any, ...]) -> bool:
-    """Whether a location (`('a', 'b', 0)`) is the dotted pattern (`a.*`; `*` matches one level, a list index too)."""
+    """Whether a location (`('a', 'b', 0)`) is the dotted pattern (`a.*`; `*` matches one level, a list index too).
+
+    Cached: every config parse asks it for each key of the tree against every table entry (the operator's
+    reconciles and its admission webhook parse the trainer config several times per RLJob)."""
     parts = pattern.split(".")
     return len(parts) == len(loc) and all(p in ("*", str(part)) for p, part in zip(parts, loc, strict=True))
 
@@ -431,6 +436,11 @@ def accepted(key: VerlKey, value: Any) -> bool:
 
 def key_entry(loc: tuple[Any, ...]) -> VerlKey | None:
     """The table entry for a key path, or None."""
+    return _key_entry(tuple(loc))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _key_entry(loc: tuple[Any, ...]) -> VerlKey | None:
     return next((k for k in KEYS if matches(k.pattern, loc)), None)
 
 
@@ -454,7 +464,7 @@ def all_features() -> list[Feature]:
     """Every feature of the table, once each, in table order."""
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
-    for feature in [*candidates, ROLLOUT_TP_NODES, SERVER_TP, SGLANG_SERVER, INTERACTIONS, TOOL_FORMATS, CUSTOM_SERVER,
+    for feature in [*candidates, ROLLOUT_TP_NODES, SERVER_TP, SGLANG_SERVER, TOOL_FORMATS, CUSTOM_SERVER,
                     DISTILL_GKD, MULTI_TEACHER, CHAT_KWARGS_TOOLS]:
         if feature is not None:
             found.setdefault(feature.message, feature)

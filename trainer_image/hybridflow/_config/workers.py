@@ -354,7 +354,8 @@ class MultiTurnConfig(Section):
     tool_config_path: str | None = Field(default=None, description="verl tool-config YAML (tools: class_name, config, tool_schema).")
     interaction_config_path: str | None = Field(
         default=None,
-        description="verl interaction config (simulated user turns); not supported here yet and refused when set.",
+        description="verl interaction config YAML (interaction: name, class_name, config): simulated user turns "
+        "after model turns without tool calls, chosen per sample by extra_info.interaction_kwargs.name.",
     )
     use_inference_chat_template: bool = Field(
         default=False,
@@ -507,6 +508,23 @@ class OverlongBuffer(Section):
     log: bool = Field(default=False, description="Log the penalty as a metric.")
 
 
+class SandboxFusionConfig(Section):
+    """Where the test cases of code problems run (the codecontests, apps, codeforces, taco data sources)."""
+
+    url: str | None = Field(
+        default=None,
+        description="A SandboxFusion run_code endpoint (e.g. http://sandbox:8080/run_code; "
+        "`python -m hybridflow.tools.sandbox_server` serves one); null: the local sandbox, in the scoring processes.",
+    )
+    max_concurrent: int = Field(
+        default=64,
+        gt=0,
+        description="Sandbox runs at once: the scoring processes (reward_model.score_workers' default, up to 4) are "
+        "capped at this.",
+    )
+    memory_limit_mb: int = Field(default=1024, gt=0, description="Memory limit of each test-case run, in MiB.")
+
+
 class RewardModelConfig(Section):
     """Scoring: a reward model, or rule-based scorers through a reward manager."""
 
@@ -551,3 +569,8 @@ class RewardModelConfig(Section):
         default_factory=OverlongBuffer, description="DAPO overlong shaping."
     )
     reward_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra reward-manager arguments.")
+    sandbox_fusion: SandboxFusionConfig = Field(
+        default_factory=SandboxFusionConfig,
+        description="The code sandbox of the built-in code scorers (verl's reward_model.sandbox_fusion); time them "
+        "with score_timeout_s, which covers all of a response's test cases.",
+    )

@@ -6,6 +6,12 @@ per-tool timeout), and the results are appended as one tool turn rendered by the
 that is malformed, names no known tool, raises or hangs gets an error text as its result; the
 trajectory goes on. It ends when the model calls no tool, the response budget or a turn limit is
 reached, or the server aborts the request. The last turn is always the model's.
+
+With interactions (`multi_turn.interaction_config_path`, `hybridflow.interactions`), a model turn without
+tool calls goes to the sample's interaction (`extra_info.interaction_kwargs.name`), whose reply becomes a user
+turn (mask 0) and whose turn score is kept in `extra_fields["turn_scores"]`; the trajectory ends when the
+interaction says so (its last reply is not appended: nothing would train on it), or at a limit. An
+interaction that raises or hangs ends the trajectory on the model's turn and counts in `interaction_errors`.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from typing import Any
 from hybridflow.agent.base import AgentLoopBase, AgentLoopOutput, TokenOutput, register, sampling_for_turn
 from hybridflow.agent.chat import render_ids, turn_ids
 from hybridflow.agent.tool_parser import FunctionCall, ToolCallError, get_tool_parser
+from hybridflow.interactions.base import BaseInteraction
+from hybridflow.interactions.config import KEY as INTERACTION_KEY
 from hybridflow.tools.base import BaseTool
 
 DEFAULT_TOOL_TIMEOUT_S = 30.0
@@ -50,10 +58,11 @@ class ToolAgentLoop(AgentLoopBase):
     """Multi-turn tool calling in verl's `tool_agent` shape (see the module docstring)."""
 
     def __init__(self, trainer_config: Any, server_manager: Any, tokenizer: Any, *, tools: list[BaseTool] | None = None,
-                 **kwargs: Any) -> None:
+                 interactions: dict[str, BaseInteraction] | None = None, **kwargs: Any) -> None:
         super().__init__(trainer_config, server_manager, tokenizer, **kwargs)
         self.multi_turn = trainer_config.actor_rollout_ref.rollout.multi_turn
         self.tools = {tool.name: tool for tool in (tools or [])}
+        self.interactions = dict(interactions or {})
         self.tool_schemas = [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
         self.parse = get_tool_parser(self.multi_turn.format)
 
@@ -71,6 +80,18 @@ class ToolAgentLoop(AgentLoopBase):
         stats = {"tool_calls": 0.0, "tool_errors": 0.0, "tool_latency_s": 0.0, "aborted": 0.0}
         instances: dict[str, str] = {}
         assistant_turns = user_turns = 0
+        interaction, interaction_kwargs = self._interaction_of(kwargs)
+        messages: list[dict[str, Any]] = [dict(m) for m in kwargs.get("raw_prompt") or []]
+        turn_scores: list[float] = []
+        with_interaction = interaction is not None
+        if interaction is not None:
+            stats.update(interaction_turns=0.0, interaction_errors=0.0)
+            try:
+                await asyncio.wait_for(interaction.start_interaction(request_id, **interaction_kwargs),
+                                       DEFAULT_TOOL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - counted; the trajectory goes on without its user turns
+                stats["interaction_errors"] += 1
+                interaction = None
         try:
             while True:
                 budget = self.response_length - len(response)
@@ -92,9 +113,29 @@ class ToolAgentLoop(AgentLoopBase):
                     break
                 if _reached(self.multi_turn.max_user_turns, user_turns):
                     break
-                _, calls = self.parse(self.tokenizer.decode(ids, skip_special_tokens=True))
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                messages.append({"role": "assistant", "content": text})
+                _, calls = self.parse(text)
                 if not calls:
-                    break
+                    if interaction is None:
+                        break
+                    reply = await self._interact(interaction, request_id, messages, interaction_kwargs, stats)
+                    if reply is None:
+                        break
+                    done, content, score = reply
+                    turn_scores.append(score)
+                    if done:
+                        break  # its last reply is not appended: nothing would train on it
+                    user_ids = turn_ids(self.tokenizer, [{"role": "user", "content": content}])
+                    if len(response) + len(user_ids) >= self.response_length:
+                        break
+                    messages.append({"role": "user", "content": content})
+                    response += user_ids
+                    mask += [0] * len(user_ids)
+                    logprobs += [0.0] * len(user_ids)
+                    user_turns += 1
+                    stats["interaction_turns"] += 1
+                    continue
                 calls = calls[: self.multi_turn.max_parallel_calls]
                 started = time.perf_counter()
                 texts = await asyncio.gather(*(self._call(c, tools_kwargs, instances, stats) for c in calls))
@@ -102,12 +143,15 @@ class ToolAgentLoop(AgentLoopBase):
                 tool_ids = turn_ids(self.tokenizer, [{"role": "tool", "content": t} for t in texts])
                 if len(response) + len(tool_ids) >= self.response_length:
                     break  # no room left for the model to answer: the trajectory ends on its own turn
+                messages += [{"role": "tool", "content": t} for t in texts]
                 response += tool_ids
                 mask += [0] * len(tool_ids)
                 logprobs += [0.0] * len(tool_ids)
                 user_turns += 1
         finally:
             await self._release(instances)
+            if interaction is not None:
+                await _best_effort(interaction.finalize_interaction(request_id, **interaction_kwargs))
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response,
@@ -115,7 +159,42 @@ class ToolAgentLoop(AgentLoopBase):
             response_logprobs=logprobs,
             num_turns=1 + assistant_turns + user_turns,
             metrics=stats,
+            extra_fields={"turn_scores": turn_scores} if with_interaction else {},
         )
+
+    def _interaction_of(self, sample: dict[str, Any]) -> tuple[BaseInteraction | None, dict[str, Any]]:
+        """The sample's interaction and its kwargs (verl: `extra_info.interaction_kwargs`, `name` choosing it)."""
+        if not self.interactions:
+            return None, {}
+        extra = sample.get("extra_info")
+        found = sample.get("interaction_kwargs")
+        if not isinstance(found, dict) and isinstance(extra, dict):
+            found = extra.get("interaction_kwargs")
+        if not isinstance(found, dict):
+            raise ValueError(
+                f"{INTERACTION_KEY} is set, but sample {sample.get('index', '?')} has no extra_info.interaction_kwargs; "
+                f"give every row one naming its interaction (e.g. {{name: {next(iter(self.interactions))}}}), or unset "
+                f"{INTERACTION_KEY}"
+            )
+        name = found.get("name")
+        if name not in self.interactions:
+            raise ValueError(
+                f"sample {sample.get('index', '?')}: extra_info.interaction_kwargs.name={name!r} is not an interaction of "
+                f"{INTERACTION_KEY}; configured: {sorted(self.interactions)}"
+            )
+        return self.interactions[name], dict(found)
+
+    async def _interact(self, interaction: BaseInteraction, request_id: str, messages: list[dict[str, Any]],
+                        interaction_kwargs: dict[str, Any], stats: dict[str, float]) -> tuple[bool, str, float] | None:
+        """(done, user reply, turn score); None when the interaction failed (counted, the trajectory ends)."""
+        try:
+            done, content, score, _ = await asyncio.wait_for(
+                interaction.generate_response(request_id, list(messages), **interaction_kwargs), DEFAULT_TOOL_TIMEOUT_S
+            )
+            return bool(done), str(content), float(score)
+        except Exception:  # noqa: BLE001 - a user interaction's bug or hang must not end the rollout
+            stats["interaction_errors"] += 1
+            return None
 
     async def _call(self, call: FunctionCall | ToolCallError, tools_kwargs: dict[str, Any],
                     instances: dict[str, str], stats: dict[str, float]) -> str:
@@ -155,10 +234,14 @@ class ToolAgentLoop(AgentLoopBase):
 
     async def _release(self, instances: dict[str, str]) -> None:
         for name, instance_id in instances.items():
-            try:
-                await asyncio.wait_for(self.tools[name].release(instance_id), DEFAULT_TOOL_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - releasing is best effort; the trajectory is already complete
-                pass
+            await _best_effort(self.tools[name].release(instance_id))
+
+
+async def _best_effort(call: Any) -> None:
+    try:
+        await asyncio.wait_for(call, DEFAULT_TOOL_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - releasing is best effort; the trajectory is already complete
+        pass
 
 
 def _reached(limit: int | None, count: int) -> bool:

@@ -52,11 +52,13 @@ class EventLoopThread:
 
 
 def default_loop_name(config: Any) -> str:
-    """The loop of rows without `agent_name`: the configured one, else tool_agent with multi_turn.enable."""
+    """The loop of rows without `agent_name`: the configured one, else tool_agent with multi_turn.enable (or a
+    tool or interaction config)."""
     rollout = config.actor_rollout_ref.rollout
     if rollout.agent.default_agent_loop:
         return str(rollout.agent.default_agent_loop)
-    return "tool_agent" if rollout.multi_turn.enable or rollout.multi_turn.tool_config_path else "single_turn_agent"
+    mt = rollout.multi_turn
+    return "tool_agent" if mt.enable or mt.tool_config_path or mt.interaction_config_path else "single_turn_agent"
 
 
 def register_config_loops(path: str) -> list[str]:
@@ -96,6 +98,11 @@ class AgentLoopManager:
 
             tools = load_tools(rollout.multi_turn.tool_config_path)
         self.tools = tools or []
+        self.interactions: dict[str, Any] = {}
+        if rollout.multi_turn.interaction_config_path:
+            from hybridflow.interactions.config import load_interactions
+
+            self.interactions = load_interactions(rollout.multi_turn.interaction_config_path)
         if rollout.agent.agent_loop_config_path:
             register_config_loops(rollout.agent.agent_loop_config_path)
         self.default_loop = default_loop_name(config)
@@ -156,9 +163,10 @@ class AgentLoopManager:
 
     def _build(self, name: str) -> Any:
         """A loop instance; every loop is offered the manager's shared resources (the tools of
-        `multi_turn.tool_config_path`, the OpenAI-compatible endpoint) and takes what it uses."""
+        `multi_turn.tool_config_path`, the interactions of `multi_turn.interaction_config_path`, the
+        OpenAI-compatible endpoint) and takes what it uses."""
         return get_agent_loop(name)(self.config, self.server, self.tokenizer, tools=self.tools,
-                                    openai_endpoint=self.openai_endpoint)
+                                    interactions=self.interactions, openai_endpoint=self.openai_endpoint)
 
     async def openai_endpoint(self) -> Any:
         """The OpenAI-compatible endpoint over this manager's router, started on first use."""
@@ -223,6 +231,14 @@ class AgentLoopManager:
             tensors["rollout_versions"] = versions_tensor(recorded, response_mask)
         non_tensors = dict(prompts.non_tensor_batch)
         non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
+        if any("turn_scores" in o.extra_fields for o in outputs):
+            # interactions' turn scores reach the reward function as extra_info["turn_scores"]
+            old = non_tensors.get("extra_info")
+            infos = np.empty(b, dtype=object)
+            for i, out in enumerate(outputs):
+                info = old[i] if old is not None and isinstance(old[i], dict) else {}
+                infos[i] = {**info, "turn_scores": list(out.extra_fields.get("turn_scores", []))}
+            non_tensors["extra_info"] = infos
         meta = {k: v for k, v in prompts.meta_info.items() if k != "metrics"}
         meta["metrics"] = trajectory_metrics(outputs)
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)

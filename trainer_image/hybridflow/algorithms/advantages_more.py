@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._compat import cfg_get, register_in
 from .advantages import (
     ADV_ESTIMATOR_REGISTRY,
     _check_shapes,
@@ -33,7 +34,6 @@ from .advantages import (
     compute_grpo_outcome_advantage,
     register_adv_est,
 )
-from ._compat import cfg_get, register_in
 from .torch_functional import masked_whiten
 
 # verl registers vectorized copies of grpo and gae; ours already are (same numbers): one function, two names.

@@ -17,9 +17,16 @@ import torch
 
 from ._compat import cfg_get
 from .aggregation import agg_loss
-from .policy_loss import _clip_range, _metrics, _rollout_correction, compute_policy_loss_vanilla, register_policy_loss
+from .policy_loss import (
+    _clip_range,
+    _metrics,
+    _rollout_correction,
+    compute_policy_loss_vanilla,
+    register_policy_loss,
+)
 from .rollout_corr import correction_metrics, importance_weights, rejection_mask
 from .torch_functional import masked_mean
+
 
 def _warn_forced_mode(name: str, loss_agg_mode: str) -> None:
     if loss_agg_mode != "seq-mean-token-mean":

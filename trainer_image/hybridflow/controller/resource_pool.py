@@ -2,14 +2,49 @@
 
 Several worker groups may share a pool (colocation, e.g. the actor and the critic on the same GPUs):
 each takes `1 / max_colocate_count` of every bundle, so `max_colocate_count` groups fit.
+
+Roles: on a cluster the RLJob operator may give a pool's work pods of its own (spec.roles, e.g. the rollout
+replicas of split placement on their own GPU type). Those pods advertise a Ray custom resource with one unit
+per worker slot, and the operator names it per role in $HYBRIDFLOW_ROLE_RESOURCES (JSON, role -> resource,
+e.g. `{"trainer": "rljob.role/trainer", "rollout": "rljob.role/rollout"}`). Every bundle of a pool whose role
+is named there asks for one unit, so Ray places the pool on that role's pods. Without the variable (local
+runs, single-role jobs) bundles ask for CPU/GPU only, as before.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_PG_TIMEOUT_S = 120.0
+#: Set by the RLJob operator on the pods of a multi-role job (rljob_operator.roles): role -> Ray custom resource.
+ROLE_RESOURCES_ENV = "HYBRIDFLOW_ROLE_RESOURCES"
+#: The role whose pods each pool of the trainer (main_ppo.build_worker_groups) runs on.
+POOL_ROLES = {"global_pool": "trainer", "rollout_pool": "rollout"}
+
+
+def role_resources_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The role -> Ray custom resource mapping of $HYBRIDFLOW_ROLE_RESOURCES; empty when it is unset."""
+    raw = (os.environ if environ is None else environ).get(ROLE_RESOURCES_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"${ROLE_RESOURCES_ENV}={raw!r} is not JSON; it maps roles to Ray custom resources, e.g. "
+            '{"trainer": "rljob.role/trainer", "rollout": "rljob.role/rollout"} (the RLJob operator sets it; '
+            "unset it to place every pool anywhere)"
+        ) from err
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in value.items()):
+        raise ValueError(
+            f"${ROLE_RESOURCES_ENV}={raw!r} must be a JSON object of role names to resource names, e.g. "
+            '{"rollout": "rljob.role/rollout"}'
+        )
+    return dict(value)
 
 
 class RayResourcePool:
@@ -23,6 +58,7 @@ class RayResourcePool:
         max_colocate_count: int = 1,
         cpus_per_process: float = 1.0,
         pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
+        role_resource: str | None = None,
     ) -> None:
         if not process_on_nodes or any(n < 1 for n in process_on_nodes):
             raise ValueError(
@@ -39,6 +75,8 @@ class RayResourcePool:
         self.max_colocate_count = max_colocate_count
         self.cpus_per_process = cpus_per_process
         self.pg_timeout_s = pg_timeout_s
+        #: A Ray custom resource only this pool's role's nodes have (one unit per slot); None: any node.
+        self.role_resource = role_resource
         self._pgs: list[Any] | None = None
 
     @property
@@ -51,6 +89,8 @@ class RayResourcePool:
         res: dict[str, float] = {"CPU": self.cpus_per_process}
         if self.use_gpu:
             res["GPU"] = 1.0
+        if self.role_resource:
+            res[self.role_resource] = 1.0
         return res
 
     def actor_resources(self) -> dict[str, float]:
@@ -81,6 +121,15 @@ class RayResourcePool:
         except ray.exceptions.GetTimeoutError as err:
             for pg in pgs:
                 ray.util.remove_placement_group(pg)
+            if self.role_resource:
+                raise RuntimeError(
+                    f"resource pool {self.name_prefix!r} could not be placed within {self.pg_timeout_s:.0f}s: it "
+                    f"needs {self.process_on_nodes} slots of {self.bundle()} per node, on nodes advertising "
+                    f"{self.role_resource!r} (${ROLE_RESOURCES_ENV}), and the Ray cluster has "
+                    f"{ray.cluster_resources()} in total. Check that the role's pods are running and that each "
+                    "advertises one unit per slot (the RLJob's spec.roles and spec.config.trainer must agree: "
+                    "re-render the job with `rljob render`)."
+                ) from err
             raise RuntimeError(
                 f"resource pool {self.name_prefix!r} could not be placed within {self.pg_timeout_s:.0f}s: "
                 f"it needs {self.process_on_nodes} slots of {self.bundle()} per node, and the Ray "
@@ -116,6 +165,8 @@ class ResourcePoolManager:
     `resource_pool_spec`: pool name -> processes per node, e.g. `{"global_pool": [2]}`.
     `mapping`: role name ("actor_rollout_ref", "critic", "rollout", ...) -> pool name.
     Colocated placement maps every role to one pool; split placement gives the rollout its own.
+    `role_resources`: role (POOL_ROLES) -> Ray custom resource the pool's bundles ask for; by default
+    $HYBRIDFLOW_ROLE_RESOURCES (empty when unset: pools go wherever they fit).
     """
 
     resource_pool_spec: dict[str, list[int]]
@@ -123,6 +174,7 @@ class ResourcePoolManager:
     use_gpu: bool = False
     cpus_per_process: float = 1.0
     max_colocate_count: int = 2
+    role_resources: dict[str, str] = field(default_factory=role_resources_from_env)
     pools: dict[str, RayResourcePool] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -143,6 +195,7 @@ class ResourcePoolManager:
                     name_prefix=name,
                     max_colocate_count=self.max_colocate_count,
                     cpus_per_process=self.cpus_per_process,
+                    role_resource=self.role_resources.get(POOL_ROLES.get(name, "")),
                 )
 
     def get_resource_pool(self, role: str) -> RayResourcePool:

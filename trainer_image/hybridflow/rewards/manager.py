@@ -17,6 +17,7 @@ so it can be sent to a Ray actor.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections import defaultdict
@@ -27,7 +28,7 @@ import torch
 
 from hybridflow.protocol import response_lengths_of
 from hybridflow.rewards.budget import Call, Outcome, shorten
-from hybridflow.rewards.pool import BudgetedScorer
+from hybridflow.rewards.pool import BudgetedScorer, default_pool_size
 from hybridflow.rewards.registry import default_compute_score
 
 logger = logging.getLogger(__name__)
@@ -132,12 +133,22 @@ class RewardManager:
         ``data.reward_fn_key``, ``data.max_response_length``), read by attribute."""
         reward_model = getattr(cfg, "reward_model", None)
         buffer = getattr(reward_model, "overlong_buffer", None)
+        sandbox = getattr(reward_model, "sandbox_fusion", None)
+        workers = None
+        kind: Any = getattr(reward_model, "reward_manager", None) or "naive"
+        if compute_score is None and sandbox is not None and kind != "batch":
+            # the built-in code scorers run test cases in reward_model.sandbox_fusion (verl passes the same keywords)
+            compute_score = functools.partial(
+                default_compute_score, sandbox_fusion_url=sandbox.url, memory_limit_mb=sandbox.memory_limit_mb
+            )
+            workers = min(default_pool_size(), sandbox.max_concurrent)
         return cls(
             tokenizer,
             compute_score=compute_score,
+            score_workers=workers,
             reward_fn_key=getattr(cfg.data, "reward_fn_key", None) or "data_source",
             num_examine=num_examine,
-            kind=getattr(reward_model, "reward_manager", None) or "naive",
+            kind=kind,
             max_response_length=getattr(cfg.data, "max_response_length", None),
             overlong_buffer_enable=bool(getattr(buffer, "enable", False)),
             overlong_buffer_len=int(getattr(buffer, "len", 0) or 0),

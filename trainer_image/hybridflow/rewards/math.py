@@ -197,3 +197,28 @@ def compute_score_dapo(solution_str: str, ground_truth: Any, numeric: bool = Tru
         prediction = answers[-1].strip() if answers else None
     correct = prediction is not None and is_equiv(prediction, _ground_truth_answer(ground_truth), numeric)
     return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": prediction or ""}
+
+
+# NuminaMath (PRIME's Eurus-2 RL data, `numina_*` sources): a boxed answer, else the phrase after "answer is" /
+# "answer:" on the completion's last lines, graded 1 / 0 as verl's default scorer grades them.
+_ANSWER_PHRASE_RE = re.compile(r"(?i)(?:the\s+)?(?:final\s+)?answer\s*(?:is|:)\s*:?\s*([^\n]+)")
+
+
+def extract_numina_answer(solution_str: str) -> str | None:
+    r"""The last ``\boxed{}`` of the completion, else the last "answer is X" / "Answer: X" of its tail, else None."""
+    boxed = last_boxed_content(solution_str)
+    if boxed is not None:
+        return boxed
+    phrases = _ANSWER_PHRASE_RE.findall(solution_str[-_DAPO_TAIL_CHARS:])
+    if not phrases:
+        return None
+    answer = phrases[-1].strip().strip("$").strip()
+    return answer.rstrip(".").strip() or None
+
+
+def compute_score_numina(solution_str: str, ground_truth: Any, numeric: bool = True) -> float:
+    """1.0 when the completion's final answer (boxed, or after "answer is") equals the ground truth, else 0.0."""
+    prediction = extract_numina_answer(solution_str)
+    if prediction is None:
+        return 0.0
+    return 1.0 if is_equiv(prediction, _ground_truth_answer(ground_truth), numeric=numeric) else 0.0

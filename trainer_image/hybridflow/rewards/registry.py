@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hybridflow.rewards import gsm8k, math, toy
+from hybridflow.rewards import code, geo3k, gsm8k, math, qa_em, toy
 
 Score = float | dict[str, Any]
 Scorer = Callable[[str, Any, "dict[str, Any] | None"], Score]
@@ -55,12 +55,23 @@ def _unknown_message(data_sources: Iterable[str]) -> str:
 
 
 def default_compute_score(
-    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict[str, Any] | None = None,
+    sandbox_fusion_url: str | None = None,
+    memory_limit_mb: int = 1024,
 ) -> Score:
-    """Score one completion with the built-in scorer of its data source; raises for unknown sources."""
+    """Score one completion with the built-in scorer of its data source; raises for unknown sources.
+
+    ``sandbox_fusion_url`` / ``memory_limit_mb`` (verl's keywords, from ``reward_model.sandbox_fusion``) say
+    where the code sources' test cases run: that SandboxFusion service, or (None) the local sandbox.
+    """
     scorer = get_scorer(data_source)
     if scorer is None:
         raise UnknownDataSourceError(_unknown_message([data_source]))
+    if scorer is _code:
+        return _code(solution_str, ground_truth, extra_info, sandbox=code.Sandbox(sandbox_fusion_url, memory_limit_mb))
     return scorer(solution_str, ground_truth, extra_info)
 
 
@@ -88,11 +99,40 @@ def _math_dapo(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] 
     return math.compute_score_dapo(solution_str, ground_truth)
 
 
+def _numina(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None) -> Score:
+    r"""NuminaMath (verl's prime_math route): the boxed (or "answer is") final answer, 1.0 or 0.0."""
+    return math.compute_score_numina(solution_str, ground_truth)
+
+
+def _geo3k(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None) -> Score:
+    r"""Geometry3K: 0.9 x the boxed answer's match + 0.1 x the ``<think>...</think> ... \boxed{}`` format."""
+    return geo3k.compute_score(solution_str, ground_truth)
+
+
+def _search_r1(solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None) -> Score:
+    """Search-R1 QA: exact match of the last <answer> span against ground_truth["target"], 1.0 or 0.0."""
+    return qa_em.compute_score(solution_str, ground_truth)
+
+
+def _code(
+    solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None, *, sandbox: code.Sandbox | None = None
+) -> Score:
+    """Code problems: the last fenced code block run on the ground truth's test cases; the fraction passed."""
+    return code.compute_score(solution_str, ground_truth, sandbox)
+
+
 register_scorer("openai/gsm8k", _gsm8k)
 for _name in ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500"):
     register_scorer(_name, _math)
 for _name in ("math_dapo", "math", "math_dapo_reasoning"):
     register_scorer(_name, _math_dapo)
 register_scorer("aime", _math_dapo, prefix=True)
+# The NuminaMath subsets verl's default scorer lists (PRIME's Eurus-2-RL-Data names them so).
+for _name in ("aops_forum", "synthetic_math", "amc_aime", "synthetic_amc", "cn_k12", "olympiads"):
+    register_scorer(f"numina_{_name}", _numina)
+register_scorer("hiyouga/geometry3k", _geo3k)
+for _name in code.SOURCES:
+    register_scorer(_name, _code)
+register_scorer("searchR1_", _search_r1, prefix=True)  # searchR1_nq, searchR1_hotpotqa, ...
 for _name, _scorer in toy.SCORERS.items():
     register_scorer(_name, _scorer)

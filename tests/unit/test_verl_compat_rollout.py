@@ -1,0 +1,76 @@
+"""verl rollout keys read in issue 13: an explicit mode=async for single-turn generation, multi_stage_wake_up,
+use_prefix_grouper. Each is either honoured, or accepted with a start-up note saying what happens here."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridflow.config import ConfigError
+from hybridflow.trainer.main_ppo import load_run_config
+
+RUN = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "trainer.n_gpus_per_node=8"]
+RO = "actor_rollout_ref.rollout"
+
+
+def _run(*overrides: str) -> tuple[object, str]:
+    cfg, notes = load_run_config([*RUN, *overrides])
+    return cfg, " | ".join(notes)
+
+
+def _problems(*overrides: str) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        load_run_config([*RUN, *overrides])
+    return info.value.problems
+
+
+def test_single_turn_async_with_tensor_parallel_runs_in_sync_mode_with_a_note() -> None:
+    """verl's default mode is async; a single-turn line that says so with TP 2 runs as a line without mode does."""
+    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.tensor_model_parallel_size=2", f"{RO}.name=vllm")
+    assert cfg.actor_rollout_ref.rollout.mode == "sync"
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
+    assert "rollout.mode=async runs in sync mode" in notes
+    assert "tensor_model_parallel_size=1 (got 2)" in notes
+
+
+def test_single_turn_async_on_sglang_runs_in_sync_mode_with_a_note() -> None:
+    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.name=sglang")
+    assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.name) == ("sync", "sglang")
+    assert "server replicas here are vLLM (rollout.name=sglang)" in notes
+
+
+def test_async_that_server_mode_serves_is_kept() -> None:
+    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.tensor_model_parallel_size=1", f"{RO}.name=vllm")
+    assert cfg.actor_rollout_ref.rollout.mode == "async"
+    assert "sync mode" not in notes
+
+
+@pytest.mark.parametrize(
+    "needs_server",
+    [
+        [f"{RO}.multi_turn.enable=true"],
+        [f"{RO}.multi_turn.tool_config_path=/tools.yaml"],
+        [f"{RO}.agent.agent_loop_config_path=/agents.yaml"],
+        ["async_training.mode=fully_async", "trainer.placement=split"],
+    ],
+)
+def test_async_that_needs_server_mode_keeps_its_refusal(needs_server: list[str]) -> None:
+    """Tools, agent loops and asynchronous training need server replicas: TP 2 stays refused, not downgraded."""
+    problems = _problems(f"{RO}.mode=async", f"{RO}.tensor_model_parallel_size=2", f"{RO}.name=vllm", *needs_server)
+    assert any("tensor parallelism in server-mode (async) rollout replicas is not built" in p for p in problems)
+
+
+def test_multi_stage_wake_up_is_accepted_with_a_note_and_typed() -> None:
+    cfg, notes = _run(f"{RO}.multi_stage_wake_up=true")
+    assert "actor_rollout_ref.rollout.multi_stage_wake_up=true (a peak-memory option" in notes
+    assert "vLLM engine here always wakes in those stages" in notes
+    (problem,) = _problems(f"{RO}.multi_stage_wake_up=3")
+    assert problem.startswith("actor_rollout_ref.rollout.multi_stage_wake_up: this verl rollout-engine option")
+
+
+def test_prefix_grouper_is_accepted_with_a_note_and_typed() -> None:
+    _, notes = _run("actor_rollout_ref.actor.use_prefix_grouper=true")
+    assert "use_prefix_grouper=true (a compute saver" in notes
+    assert "same log-probs and gradients" in notes
+    (problem,) = _problems("actor_rollout_ref.actor.use_prefix_grouper=maybe")
+    assert "verl's shared-prefix forward (PrefixGrouper) with this value is not built in HybridFlow yet" in problem
+    assert "set use_prefix_grouper to true or false" in problem
