@@ -4,6 +4,8 @@
   server mode (single_turn_agent -> router -> `AsyncVLLMEngine`) and the OpenAI-compatible endpoint (the
   `openai` client's chat call from an `OpenAIAgentLoop`) give identical greedy outputs, and sampled log-prob
   means within noise (batch vs server);
+- interactions: a simulated user's turns through a real AsyncLLM engine keep the exact ids (mask 0 on the
+  user turns, each model turn the engine's own continuation of the ids before it), turn scores to extra_info;
 - the multi-turn learning test: the toy lookup task, where the answer is only available from a tool, learnt
   by GRPO through the whole stack (Ray, FSDP2 on 2 gloo ranks, an AsyncLLM replica actor, tool_agent) from
   a mean reward < 0.2 to > 0.8.
@@ -21,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hybridflow.interactions import BaseInteraction
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
@@ -137,6 +141,86 @@ def check_equivalence(model_dir: str) -> None:
         if manager is not None:
             manager.close()
         server_engine.shutdown()
+
+
+class AskAgain(BaseInteraction):
+    """A simulated user (verl's interaction shape) that answers every model turn with "again", scoring 0.5."""
+
+    async def generate_response(self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any):
+        assert messages[-1]["role"] == "assistant"
+        return False, "again", 0.5, {}
+
+
+def test_interaction_turns_continue_the_engines_exact_ids(tiny_model: Path, tmp_path: Path) -> None:
+    """Child process, as above: an interaction's user turns through a real AsyncLLM engine."""
+    repo = Path(__file__).resolve().parents[2]
+    code = (f"from tests.integration.test_agent_rollout import check_interaction; "
+            f"check_interaction({str(tiny_model)!r}, {str(tmp_path)!r})")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "interaction ok" in proc.stdout
+
+
+def check_interaction(model_dir: str, tmp: str) -> None:
+    """Greedy trajectories of 3 model turns and 2 user turns ("again", max_user_turns=2): the user turns are the
+    chat template's ids with mask 0, each model turn is what the engine generates from exactly the ids before it,
+    and the turn scores reach extra_info."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from hybridflow.agent.chat import turn_ids
+    from hybridflow.agent.manager import AgentLoopManager
+    from hybridflow.agent.router import Router
+    from hybridflow.config import load_config
+    from hybridflow.rollout.async_vllm import AsyncVLLMEngine
+
+    config = Path(tmp) / "interaction.yaml"
+    config.write_text("interaction:\n  - {name: again, class_name: tests.integration.test_agent_rollout.AskAgain}\n")
+    cfg = load_config(None, [
+        f"actor_rollout_ref.model.path={model_dir}", "data.train_files=/unused", "data.max_prompt_length=32",
+        "data.max_response_length=96", "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.load_format=auto",
+        "trainer.device=cpu", f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={config}",
+        "actor_rollout_ref.rollout.multi_turn.max_user_turns=2", "actor_rollout_ref.rollout.multi_turn.max_tokens_per_turn=6",
+    ])
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = _prompts(tokenizer, 8)
+    prompts.non_tensor_batch["extra_info"] = np.array([{"interaction_kwargs": {"name": "again"}}] * 8, dtype=object)
+    prompts.meta_info.update({"do_sample": False})
+    engine = AsyncVLLMEngine(model_dir, cfg.actor_rollout_ref.rollout, "cpu", 96, 32)
+    manager = None
+    try:
+        manager = AgentLoopManager(cfg, tokenizer, Router([EngineClient(engine)]))
+        out = manager.generate_sequences(prompts)
+        user = turn_ids(tokenizer, [{"role": "user", "content": "again"}])
+        for i in range(len(prompts)):
+            mask = out.batch["response_mask"][i].tolist()
+            ids = out.batch["responses"][i].tolist()
+            n = int(out.batch["attention_mask"][i, 32:].sum())
+            runs, start = [], 0  # (mask value, ids) of each run of equal mask values
+            for j in range(1, n + 1):
+                if j == n or mask[j] != mask[start]:
+                    runs.append((mask[start], ids[start:j]))
+                    start = j
+            assert [m for m, _ in runs] == [1, 0, 1, 0, 1], runs
+            assert runs[1][1] == user and runs[3][1] == user, "a user turn is not the chat template's ids"
+            assert out.non_tensor_batch["extra_info"][i]["turn_scores"] == [0.5, 0.5]
+            assert int(out.non_tensor_batch["num_turns"][i]) == 6
+        # the second model turn of row 0 is the engine's own greedy continuation of the exact ids before it
+        prompt = prompts.non_tensor_batch["raw_prompt_ids"][0]
+        mask0, ids0 = out.batch["response_mask"][0].tolist(), out.batch["responses"][0].tolist()
+        k1 = mask0.index(0)
+        k2 = k1 + len(user)
+        end2 = next(j for j in range(k2, len(mask0)) if mask0[j] == 0)
+        params = {**manager._sampling(prompts.meta_info), "max_tokens": 6}  # what the loop sent for that turn
+        again = manager.events.run(engine.generate(list(prompt) + ids0[:k2], params, "check"))
+        assert again.token_ids == ids0[k2:end2], (again.token_ids, ids0[k2:end2])
+        print(f"interaction ok: {len(prompts)} trajectories of 3 model and 2 user turns")
+    finally:
+        if manager is not None:
+            manager.close()
+        engine.shutdown()
 
 
 @pytest.fixture(scope="module")
