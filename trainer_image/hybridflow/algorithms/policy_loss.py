@@ -83,6 +83,17 @@ def _metrics(clipfrac: torch.Tensor, ppo_kl: torch.Tensor, clipfrac_lower: torch
     }
 
 
+def _dual_clip_bound(config: Any) -> float:
+    """`clip_ratio_c`, the dual-clip bound for negative advantages (> 1, default 3)."""
+    clip_ratio_c = float(cfg_get(config, "clip_ratio_c", 3.0))
+    if clip_ratio_c <= 1.0:
+        raise ValueError(
+            f"clip_ratio_c={clip_ratio_c}: the dual-clip bound must be > 1.0 (default 3.0); "
+            "fix actor_rollout_ref.actor.clip_ratio_c."
+        )
+    return clip_ratio_c
+
+
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(
     old_log_prob: torch.Tensor,
@@ -97,12 +108,7 @@ def compute_policy_loss_vanilla(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """PPO clipped surrogate with asymmetric clip (DAPO clip-higher) and dual clip for negative advantages."""
     clip_low, clip_high = _clip_range(config)
-    clip_ratio_c = float(cfg_get(config, "clip_ratio_c", 3.0))
-    if clip_ratio_c <= 1.0:
-        raise ValueError(
-            f"clip_ratio_c={clip_ratio_c}: the dual-clip bound must be > 1.0 (default 3.0); "
-            "fix actor_rollout_ref.actor.clip_ratio_c."
-        )
+    clip_ratio_c = _dual_clip_bound(config)
     # Clamp the log-ratio so exp() cannot overflow on badly off-policy tokens (as verl).
     log_ratio = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)

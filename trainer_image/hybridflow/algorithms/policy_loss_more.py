@@ -19,6 +19,7 @@ from ._compat import cfg_get
 from .aggregation import agg_loss
 from .policy_loss import (
     _clip_range,
+    _dual_clip_bound,
     _metrics,
     _rollout_correction,
     compute_policy_loss_vanilla,
@@ -222,12 +223,7 @@ def compute_policy_loss_up(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """UP-GRPO: unclipped self-anchored REINFORCE for A > 0, PPO clip with dual clip for A <= 0."""
     clip_low, clip_high = _clip_range(config)
-    clip_ratio_c = float(cfg_get(config, "clip_ratio_c", 3.0))
-    if clip_ratio_c <= 1.0:
-        raise ValueError(
-            f"clip_ratio_c={clip_ratio_c}: the dual-clip bound must be > 1.0 (default 3.0); "
-            "fix actor_rollout_ref.actor.clip_ratio_c."
-        )
+    clip_ratio_c = _dual_clip_bound(config)
     log_ratio = _log_ratio(log_prob, old_log_prob)
     ratio = torch.exp(log_ratio)
     # UP (arXiv 2607.06987, eq. 15): for A > 0 the ratio pi / sg[pi] (value 1, gradient of log pi) drops the

@@ -11,12 +11,11 @@ Any other `module.Class` is imported (a user interaction subclassing `hybridflow
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
-from hybridflow import yamlio
 from hybridflow.interactions.base import BaseInteraction
+from hybridflow.tools.config import import_subclass, read_entries
 
 KEY = "actor_rollout_ref.rollout.multi_turn.interaction_config_path"
 VERL_ALIASES = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "hybridflow.interactions.gsm8k.Gsm8kInteraction"}
@@ -29,13 +28,7 @@ class InteractionConfigError(ValueError):
 def load_interactions(path: str | Path) -> dict[str, BaseInteraction]:
     """Every interaction listed in the YAML file at `path`, by name (names must be unique)."""
     where = str(path)
-    try:
-        raw = yamlio.read(path, what="interaction config")
-    except yamlio.YamlError as err:
-        if not Path(path).exists():
-            raise InteractionConfigError(f"interaction config {where!r} not found; fix {KEY}") from None
-        raise InteractionConfigError(f"interaction config {err}") from None
-    entries = raw.get("interaction") if isinstance(raw, dict) else None
+    entries = read_entries(path, "interaction config", "interaction", KEY, InteractionConfigError)
     if not isinstance(entries, list) or not entries:
         raise InteractionConfigError(
             f"interaction config {where!r} must be a mapping with a non-empty 'interaction' list "
@@ -64,13 +57,8 @@ def _build(entry: Any, where: str) -> BaseInteraction:
     if entry.get("name") is not None:
         config = {**config, "name": str(entry["name"])}
     path = VERL_ALIASES.get(entry["class_name"], entry["class_name"])
-    module_name, _, name = path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise InteractionConfigError(f"{where}: cannot import {path!r} ({err}); check class_name") from err
-    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-        raise InteractionConfigError(f"{where}: {path} is not a subclass of hybridflow.interactions.BaseInteraction")
+    cls = import_subclass(path, BaseInteraction, "hybridflow.interactions.BaseInteraction", where,
+                          InteractionConfigError)
     try:
         return cls(config)
     except (TypeError, ValueError) as err:

@@ -32,18 +32,23 @@ class ToolConfigError(ValueError):
     """The tool config file is unusable; the message names the entry and the fix."""
 
 
+def read_entries(path: str | Path, what: str, key: str, config_key: str, error: type[ValueError]) -> Any:
+    """The value under `key` of the YAML mapping at `path` (None when the file is not such a mapping); a missing
+    or unreadable file raises `error` naming `config_key` (shared by tool and interaction configs)."""
+    try:
+        raw = yamlio.read(path, what=what)
+    except yamlio.YamlError as err:
+        if not Path(path).exists():
+            raise error(f"{what} {str(path)!r} not found; fix {config_key}") from None
+        raise error(f"{what} {err}") from None
+    return raw.get(key) if isinstance(raw, dict) else None
+
+
 def load_tools(path: str | Path) -> list[BaseTool]:
     """Instantiate every tool listed in the YAML file at `path` (names must be unique)."""
     where = str(path)
-    try:
-        raw = yamlio.read(path, what="tool config")
-    except yamlio.YamlError as err:
-        if not Path(path).exists():
-            raise ToolConfigError(
-                f"tool config {where!r} not found; fix actor_rollout_ref.rollout.multi_turn.tool_config_path"
-            ) from None
-        raise ToolConfigError(f"tool config {err}") from None
-    entries = raw.get("tools") if isinstance(raw, dict) else None
+    entries = read_entries(path, "tool config", "tools", "actor_rollout_ref.rollout.multi_turn.tool_config_path",
+                           ToolConfigError)
     if not isinstance(entries, list):
         raise ToolConfigError(f"tool config {where!r} must be a mapping with a 'tools' list")
     tools = [build_tool(entry, f"{where}: tools[{i}]") for i, entry in enumerate(entries)]
@@ -79,11 +84,16 @@ def build_tool(entry: Any, where: str) -> BaseTool:
 
 def import_class(path: str, where: str) -> type[BaseTool]:
     """`module.Class` imported; it must subclass BaseTool."""
+    return import_subclass(path, BaseTool, "hybridflow.tools.BaseTool", where, ToolConfigError)
+
+
+def import_subclass(path: str, base: type, base_name: str, where: str, error: type[ValueError]) -> Any:
+    """`module.Class` imported; it must subclass `base` (else `error`, naming `where` and the fix)."""
     module_name, _, name = path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError, ValueError) as err:
-        raise ToolConfigError(f"{where}: cannot import {path!r} ({err}); check class_name") from err
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise ToolConfigError(f"{where}: {path} is not a subclass of hybridflow.tools.BaseTool")
+        raise error(f"{where}: cannot import {path!r} ({err}); check class_name") from err
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise error(f"{where}: {path} is not a subclass of {base_name}")
     return cls
