@@ -471,6 +471,7 @@ class ConditionType(str, Enum):
     SMOKE_RUN_PASSED = "SmokeRunPassed"
     SUSPENDED = "Suspended"
     CLUSTER_READY = "ClusterReady"
+    ROLES_READY = "RolesReady"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
@@ -545,6 +546,19 @@ class ExportStatus(_Model):
     )
 
 
+class RoleStatus(_Model):
+    """One role's pods in the current attempt (the head and the trainer group are role trainer)."""
+
+    name: str = Field(description="The role: trainer, rollout or sandbox.")
+    desired: int = Field(description="Pods the role's worker groups ask for (the trainer's include the Ray head).")
+    ready: int = Field(description="Pods of the role that are Ready.")
+    restarts: int = Field(
+        description="Pods of the role lost in this attempt (deleted, failed, or their Ray container restarted). "
+        "A lost rollout or sandbox pod is replaced while the attempt goes on; a lost trainer pod ends the attempt "
+        "(reason TrainerPodLost) and the next one resumes from the latest checkpoint.",
+    )
+
+
 class SmokeRunStatus(_Model):
     """The smoke run (spec.runPolicy.smokeRun): its RayJob, the shape it ran at, how it went."""
 
@@ -589,6 +603,9 @@ class RLJobStatus(_Model):
     last_failure: FailureInfo | None = Field(default=None, description="What made the latest attempt fail.")
     smoke_run: SmokeRunStatus | None = Field(
         default=None, description="The smoke run (spec.runPolicy.smokeRun); condition SmokeRunPassed sums it up."
+    )
+    roles: list[RoleStatus] | None = Field(
+        default=None, description="The current attempt's pods by role; condition RolesReady sums it up."
     )
     progress: Progress | None = Field(default=None, description="Training progress.")
     metrics: Metrics | None = Field(default=None, description="Latest training metrics.")

@@ -3,10 +3,12 @@
 Triggers: an RLJob resumed/created/updated; an event on one of our RayJobs (routed to its owner by
 the `rl.hybridflow.dev/rljob` label); a periodic resync (level-based; it also reads each running
 trainer's progress into status and restarts an attempt whose step stops advancing, issue 6); a delayed
-reconcile when a plan asks for one (`Plan.requeue_after`: a finished job's TTL runs out then). The
+reconcile when a plan asks for one (`Plan.requeue_after`: a finished job's TTL runs out then); an event on
+one of our pods (status.roles, RolesReady; a lost pod, see role_status). The
 resync is our own task rather than `@kopf.timer`, because kopf 1.45 puts a finalizer on every object
-with a timer, and deletion should need no running operator. Two kopf
-indexes keep the RLJobs and our RayJobs in memory, so a reconcile needs no extra reads. kopf fills
+with a timer, and deletion should need no running operator. Three kopf
+indexes keep the RLJobs, our RayJobs and a small view of our pods in memory, so a reconcile needs no extra
+reads. kopf fills
 every index before the first handler runs, so a restarted operator sees existing RayJobs and creates
 no duplicates. Deletion adds no finalizer: children carry ownerReferences and the garbage collector
 removes them.
@@ -26,16 +28,18 @@ from typing import Any
 import aiohttp
 import kopf
 
-from rljob_operator import api, metrics, names, peering, reconcile
+from rljob_operator import api, metrics, names, peering, reconcile, role_status
 from rljob_operator.builders import RAY_API_VERSION
 from rljob_operator.kube import KubeApiError, KubeClient, load_credentials
 from rljob_operator.reconcile import TrainerRead
+from rljob_operator.roles import TRAINER
 from rljob_operator.settings import Settings
-from rljob_operator.status import TERMINAL_PHASES, attempt_of
+from rljob_operator.status import TERMINAL_PHASES, Abandon, attempt_of, rayjob_outcome
 from rljob_operator.trainer_progress import StepWatch, is_stalled, stall_message, watch_step
 
 RLJOBS = (api.GROUP, api.VERSION, api.PLURAL)
 RAYJOBS = (*RAY_API_VERSION.split("/"), "rayjobs")
+PODS = ("", "v1", "pods")
 OURS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,7 @@ class Runtime:
     locks: defaultdict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     latest: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: kopf's live indexes, captured from the first handler call (activities do not receive them).
-    indexes: dict[str, Any] = field(default_factory=lambda: {"rljobs": {}, "rayjobs": {}})
+    indexes: dict[str, Any] = field(default_factory=lambda: {"rljobs": {}, "rayjobs": {}, "pods": {}})
     resync_task: asyncio.Task[None] | None = None
     #: HTTP session for reading trainers' /metrics (opened at start-up).
     trainers: aiohttp.ClientSession | None = None
@@ -76,20 +80,24 @@ class Runtime:
     read_slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(16))
     #: Per RLJob uid: the pending delayed reconcile (a finished job's TTL, Plan.requeue_after).
     requeues: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    #: Per RLJob uid: its current attempt's pods as last seen, and the pods it lost (role_status).
+    tracks: dict[str, role_status.RoleTrack] = field(default_factory=dict)
 
     async def reconcile(self, rljob: dict[str, Any], rayjobs: Iterable[dict[str, Any]], trigger: str, *,
-                        progress: dict[str, Any] | None = None, stalled: str | None = None) -> None:
+                        progress: dict[str, Any] | None = None, abandon: Abandon | None = None) -> None:
         """Reconcile one RLJob under its lock, using the newest copy of it we know of."""
         uid = rljob["metadata"]["uid"]
+        rayjobs = list(rayjobs)
         async with self.locks[uid]:
             known = self.latest.get(uid)
             if known and int(known["metadata"]["resourceVersion"]) > int(rljob["metadata"]["resourceVersion"]):
                 rljob = known  # our own status write is newer than the event that triggered us
+            now = datetime.datetime.now(datetime.timezone.utc)
+            roles, lost, wait = self.observe_pods(uid, rljob, rayjobs, now)
             try:
                 with metrics.RECONCILE_SECONDS.time():
-                    plan, written = await reconcile.reconcile(self.client, rljob, list(rayjobs),
-                                                              datetime.datetime.now(datetime.timezone.utc),
-                                                              progress=progress, stalled=stalled,
+                    plan, written = await reconcile.reconcile(self.client, rljob, rayjobs, now,
+                                                              progress=progress, abandon=abandon or lost, roles=roles,
                                                               default_image=self.settings.trainer_image,
                                                               pod_defaults=self.settings.pod_defaults)
             except Exception as err:
@@ -98,8 +106,28 @@ class Runtime:
             metrics.RECONCILES.labels(trigger=trigger).inc()
             self.latest[uid] = written
             self.tracker.set(uid, plan.status.get("phase"))
-        if plan.requeue_after is not None:
-            self.requeue(uid, plan.requeue_after)
+        delays = [d for d in (plan.requeue_after, wait) if d is not None]
+        if delays:
+            self.requeue(uid, min(delays))
+
+    def observe_pods(self, uid: str, rljob: dict[str, Any], rayjobs: list[dict[str, Any]], now: datetime.datetime
+                     ) -> tuple[role_status.RolesSeen, Abandon | None, float | None]:
+        """Look at the RLJob's pods again: what status.roles shows, the end of the attempt when it lost a trainer
+        pod, and when to look again for a loss not yet confirmed (role_status.confirm_losses)."""
+        status, meta = rljob.get("status") or {}, rljob["metadata"]
+        pods = self.indexes["pods"].get((meta["namespace"], meta["name"]), [])
+        track = self.tracks[uid] = role_status.track_pods(self.tracks.get(uid), status, pods, now)
+        rayjob = current_rayjob(rljob, rayjobs)
+        running = rayjob is not None and not rayjob["metadata"].get("deletionTimestamp") \
+            and rayjob_outcome(rayjob) in ("starting", "running")
+        losses, wait = role_status.confirm_losses(track, now, self.settings.pod_loss_grace_seconds, running,
+                                                  trainer_running=status.get("phase") == "Running")
+        for loss in losses:
+            metrics.PODS_LOST.labels(role=loss.role).inc()
+        ended = track.ended_by
+        lost = Abandon("TrainerPodLost", role_status.trainer_loss_message(ended, track.attempt)) \
+            if ended is not None else None
+        return role_status.roles_seen(track, [x for x in losses if x.role != TRAINER]), lost, wait
 
     def requeue(self, uid: str, delay: float) -> None:
         """Reconcile an RLJob again in `delay` seconds (replacing a pending requeue of it)."""
@@ -151,8 +179,9 @@ class Runtime:
                     log.error("reading the trainer of %s/%s failed: %r", *key, got)
                 read = got if isinstance(got, TrainerRead) else None
                 try:
+                    stalled = self.check_stall(uid, current, read, now)
                     await self.reconcile(current, rayjobs, "timer", progress=read.fragment if read else None,
-                                         stalled=self.check_stall(uid, current, read, now))
+                                         abandon=Abandon("Stalled", stalled) if stalled else None)
                 except KubeApiError as err:
                     if err.code == 404:
                         self.forget(uid)  # deleted while we were not looking
@@ -216,6 +245,7 @@ class Runtime:
         self.watches.pop(uid, None)
         self.unread.pop(uid, None)
         self.reading.discard(uid)
+        self.tracks.pop(uid, None)
         self.tracker.set(uid, None)
         pending = self.requeues.pop(uid, None)
         if pending is not None and pending is not asyncio.current_task():
@@ -225,7 +255,7 @@ class Runtime:
 def _indexes(memo: Any, kwargs: dict[str, Any]) -> tuple[kopf.Index[Any, Any], kopf.Index[Any, Any]]:
     """kopf passes indexes as keyword arguments named after the index functions; keep them for the resync."""
     rayjobs, rljobs = kwargs["rayjobs_by_owner"], kwargs["rljobs_by_name"]
-    memo.runtime.indexes.update(rljobs=rljobs, rayjobs=rayjobs)
+    memo.runtime.indexes.update(rljobs=rljobs, rayjobs=rayjobs, pods=kwargs["pods_by_owner"])
     return rayjobs, rljobs
 
 
@@ -277,6 +307,23 @@ async def cleanup(memo: Any, **_: Any) -> None:
 def rayjobs_by_owner(body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any) -> dict[Any, Any]:
     """Our RayJobs by (namespace, owner RLJob name)."""
     return {(namespace, labels.get(names.LABEL_RLJOB)): plain(body)}
+
+
+@kopf.index(*PODS, labels=OURS)
+def pods_by_owner(body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any) -> dict[Any, Any] | None:
+    """What the operator keeps of our pods (role_status.PodView), by (namespace, owner RLJob name); not the
+    smoke run's."""
+    view = role_status.view_pod(plain(body))
+    return None if view is None else {(namespace, labels.get(names.LABEL_RLJOB)): view}
+
+
+@kopf.on.event(*PODS, labels=OURS)
+async def pod_event(namespace: str | None, labels: Mapping[str, str], memo: Any, **kwargs: Any) -> None:
+    """One of our pods changed (ready, restarted, failed, deleted): reconcile its owner (status.roles)."""
+    rayjobs, rljobs = _indexes(memo, kwargs)
+    key = (namespace, labels.get(names.LABEL_RLJOB))
+    for rljob in list(rljobs.get(key, [])):
+        await memo.runtime.reconcile(rljob, rayjobs.get(key, []), "pod")
 
 
 @kopf.index(*RLJOBS)

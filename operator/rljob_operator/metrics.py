@@ -22,6 +22,8 @@ RECONCILE_SECONDS = Histogram("rljob_reconcile_duration_seconds", "Time spent in
                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=REGISTRY)
 JOBS = Gauge("rljob_jobs", "RLJobs known to this operator, by phase.", ["phase"], registry=REGISTRY)
 ATTEMPTS = Counter("rljob_attempts_total", "Attempts started (RayJobs created).", registry=REGISTRY)
+PODS_LOST = Counter("rljob_pods_lost_total", "Pods of running attempts lost (deleted, failed, Ray container restarted), "
+                    "by role: a lost trainer pod ends its attempt.", ["role"], registry=REGISTRY)
 API_ERRORS = Counter("rljob_api_errors_total", "Kubernetes API requests that failed, by verb and HTTP code.",
                      ["verb", "code"], registry=REGISTRY)
 PHASES = ("Pending", "Invalid", "SmokeRun", "Queued", "Suspended", "Starting", "Running", "Retrying", "Restarting",

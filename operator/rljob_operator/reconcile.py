@@ -24,8 +24,17 @@ from hybridflow import yamlio
 from rljob_operator import api, changes, metrics, names
 from rljob_operator.builders import RAY_API_VERSION, build_children, build_smoke_children
 from rljob_operator.kube import KubeApiError, KubeClient
+from rljob_operator.role_status import RolesSeen
 from rljob_operator.settings import TRAINER_METRICS_URL
-from rljob_operator.status import Plan, attempt_of, decide, describe_smoke, is_smoke_run, rayjob_outcome
+from rljob_operator.status import (
+    Abandon,
+    Plan,
+    attempt_of,
+    decide,
+    describe_smoke,
+    is_smoke_run,
+    rayjob_outcome,
+)
 from rljob_operator.trainer_progress import (
     PROGRESS_FILE,
     TrainerReport,
@@ -120,13 +129,15 @@ def _status_patch(old: Obj, new: Obj) -> Obj:
 
 
 async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: datetime.datetime, *,
-                    progress: Obj | None = None, stalled: str | None = None,
+                    progress: Obj | None = None, abandon: Abandon | None = None,
+                    roles: RolesSeen | None = None,
                     default_image: str = api.DEFAULT_IMAGE,
                     pod_defaults: api.PodSpec | None = None) -> tuple[Plan, Obj]:
     """Reconcile one RLJob given its observed RayJobs; returns the plan and the RLJob as last written/seen.
 
     `progress`: a status fragment from `read_progress` (progress/metrics/checkpoint) to write with the
-    status. `stalled`: the stall message when the current attempt made no progress for the stall timeout.
+    status. `abandon`: why the running attempt must end (it stalled, it lost a trainer pod); `roles`: its pods
+    as last seen (status.roles, RolesReady).
     `default_image`: the trainer image of a new attempt when the RLJob sets no `spec.image`;
     `pod_defaults`: the operator's pod settings under the RLJob's own spec.pod (builders.with_pod_defaults).
     """
@@ -135,7 +146,7 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     owned = [r for r in rayjobs if owned_by(r, rljob)]
     problems = nesting_problems(rljob) or validate_rljob(rljob)
     smoke_step = await _failed_smoke_step(rljob, owned) if not problems else None
-    plan = decide(rljob, owned, problems, now, stalled=stalled, smoke_step=smoke_step)
+    plan = decide(rljob, owned, problems, now, abandon=abandon, smoke_step=smoke_step, roles=roles)
     created_attempt, created_smoke = None, False
     for stale in plan.stop:
         await stop_rayjob(client, ns, stale)
@@ -167,7 +178,7 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
             # Decide again with what we just wrote, so the status reflects it in this one write.
             seen = [r for r in owned if not mine(r)] + [current]
             first_events = plan.events
-            plan = decide(rljob, seen, problems, now)
+            plan = decide(rljob, seen, problems, now, roles=roles)
             reasons = {e.reason for e in first_events}
             plan.events = first_events + [e for e in plan.events if e.reason not in reasons]
     old_status = rljob.get("status") or {}

@@ -58,6 +58,7 @@ class Settings:
     peering_lifetime: int = 60  # seconds a keep-alive counts; a crashed replica is replaced after it
     metrics_port: int = 8080  # 0: no /metrics and /healthz endpoint
     resync_seconds: float = 60.0  # timer interval: level-based resync and progress reading
+    pod_loss_grace_seconds: float = 10.0  # a lost pod counts once its attempt still runs this long after
     trainer_metrics_url: str = TRAINER_METRICS_URL  # template: {cluster} {namespace} {port} {rljob}
     trainer_image: str = DEFAULT_IMAGE  # pods of RLJobs that set no spec.image
     pod_defaults: PodSpec = field(default_factory=PodSpec)  # under every RLJob's spec.pod
@@ -100,6 +101,10 @@ def parser() -> argparse.ArgumentParser:
                    help="port of /metrics and /healthz (default 8080, 0 disables; env RLJOB_METRICS_PORT)")
     p.add_argument("--resync-seconds", type=float, metavar="S",
                    help="interval of the periodic resync/progress timer (default 60; env RLJOB_RESYNC_SECONDS)")
+    p.add_argument("--pod-loss-grace-seconds", type=float, metavar="S",
+                   help="a pod of a running attempt that is lost counts (a rollout or sandbox pod as a restart of "
+                        "its role, a trainer pod as the attempt's end) once the attempt still runs this long after "
+                        "(default 10; env RLJOB_POD_LOSS_GRACE_SECONDS)")
     p.add_argument("--trainer-metrics-url", metavar="TEMPLATE",
                    help="where to read a trainer's Prometheus metrics; {cluster}, {namespace}, {port} and "
                         "{rljob} are filled in (default: the Ray head Service, " + TRAINER_METRICS_URL.replace("%", "%%")
@@ -147,9 +152,13 @@ def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Set
     standalone = args.standalone or (not args.peering and env.get("RLJOB_STANDALONE", "") in ("1", "true", "yes"))
     peering = None if standalone else (args.peering or env.get("RLJOB_PEERING") or DEFAULT_PEERING)
     port = args.metrics_port if args.metrics_port is not None else int(env.get("RLJOB_METRICS_PORT", "8080"))
-    resync = args.resync_seconds if args.resync_seconds is not None else float(env.get("RLJOB_RESYNC_SECONDS", "60"))
+    resync = args.resync_seconds if args.resync_seconds is not None else _env_float(env, "RLJOB_RESYNC_SECONDS", 60.0)
     if resync <= 0:
         raise SystemExit("rljob operator: --resync-seconds must be > 0 (e.g. 60)")
+    grace = args.pod_loss_grace_seconds if args.pod_loss_grace_seconds is not None else \
+        _env_float(env, "RLJOB_POD_LOSS_GRACE_SECONDS", 10.0)
+    if not grace >= 0:
+        raise SystemExit("rljob operator: --pod-loss-grace-seconds must be >= 0 (e.g. 10)")
     priority = args.priority if args.priority is not None else _env_int(env, "RLJOB_PEERING_PRIORITY")
     lifetime = args.peering_lifetime if args.peering_lifetime is not None else \
         _env_int(env, "RLJOB_PEERING_LIFETIME") or 60
@@ -175,7 +184,8 @@ def parse_settings(argv: list[str], env: Mapping[str, str] | None = None) -> Set
     except ValueError as err:
         raise SystemExit(f"rljob operator: {err}") from None
     return Settings(namespaces=namespaces, peering=peering, priority=priority, peering_lifetime=lifetime,
-                    metrics_port=port, resync_seconds=resync, trainer_metrics_url=metrics_url,
+                    metrics_port=port, resync_seconds=resync, pod_loss_grace_seconds=grace,
+                    trainer_metrics_url=metrics_url,
                     trainer_image=image.strip() if image else DEFAULT_IMAGE,
                     pod_defaults=pod_defaults, webhook=_webhook_settings(args, env), verbose=args.verbose)
 
@@ -234,3 +244,14 @@ def _env_int(env: Mapping[str, str], name: str) -> int | None:
     except ValueError:
         raise SystemExit(f"rljob operator: {name}={value!r} is not an integer; set it to a whole number "
                          f"or unset it") from None
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = env.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise SystemExit(f"rljob operator: {name}={value!r} is not a number of seconds; set it to one (e.g. "
+                         f"{default:g}) or unset it") from None

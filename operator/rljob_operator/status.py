@@ -28,10 +28,12 @@ from typing import Any
 
 from rljob_operator import api, changes, names
 from rljob_operator import smoke as smoke_run
+from rljob_operator.role_status import RolesSeen, compute_roles, desired_pods, roles_condition
+from rljob_operator.roles import TRAINER
 from rljob_operator.scheduling import kueue_queue
 
 Obj = dict[str, Any]
-CONDITION_TYPES = ("Validated", "SmokeRunPassed", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied")
+CONDITION_TYPES = ("Validated", "SmokeRunPassed", "Suspended", "ClusterReady", "RolesReady", "Running", "Succeeded", "Failed", "SpecApplied")
 TERMINAL_PHASES = ("Succeeded", "Failed")
 #: RayJob outcomes that retrying the same manifest cannot fix (KubeRay rejected the RayJob itself).
 PERMANENT_RAYJOB_FAILURES = ("ValidationFailed",)
@@ -112,7 +114,8 @@ def merge_conditions(old: list[Obj], desired: dict[str, tuple[str, str, str]], n
 
 def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended: bool,
                         failure: Obj | None, spec_applied: tuple[str, str, str],
-                        smoke: Obj | None = None) -> dict[str, tuple[str, str, str]]:
+                        smoke: Obj | None = None,
+                        roles_ready: tuple[str, str, str] | None = None) -> dict[str, tuple[str, str, str]]:
     if problems:
         msg = "; ".join(problems) + ". Fix the RLJob spec (`rljob validate job.yaml` shows the same checks)."
         return {"Validated": ("False", "InvalidSpec", msg)}
@@ -126,6 +129,8 @@ def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended
     ready = outcome in ("running", "succeeded")
     conds["ClusterReady"] = ("True", "ClusterReady", "The Ray cluster is up.") if ready else \
         ("False", "ClusterNotReady", f"The Ray cluster is not ready (phase {phase}).")
+    if roles_ready is not None:
+        conds["RolesReady"] = roles_ready
     conds["Running"] = ("True", "TrainerRunning", "The trainer is running.") if phase == "Running" else \
         ("False", "NotRunning", f"The trainer is not running (phase {phase}).")
     conds["Succeeded"] = ("True", "Succeeded", "Training finished.") if phase == "Succeeded" else \
@@ -141,7 +146,8 @@ def _desired_conditions(phase: str, problems: list[str], outcome: str, suspended
 def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str], now: datetime.datetime, *,
                    attempt: int, gave_up: bool = False, last_failure: Obj | None = None,
                    restarting: bool = False, spec_applied: tuple[str, str, str] = SPEC_APPLIED,
-                   failed_attempts: int | None = None, smoke: Obj | None = None, in_smoke: bool = False) -> Obj:
+                   failed_attempts: int | None = None, smoke: Obj | None = None, in_smoke: bool = False,
+                   roles: RolesSeen | None = None) -> Obj:
     """The RLJob status for the current attempt, from the RayJob of that attempt (None: not created yet).
 
     `gave_up`: the attempt failed and no retries are left (phase Failed). `last_failure`: the latest
@@ -150,6 +156,8 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
     `failed_attempts`: attempts that failed so far (None: keep the recorded count). `smoke`: the new
     status.smokeRun (None: keep the recorded one). `in_smoke`: `rayjob` is the smoke run's, no attempt
     has started (phase SmokeRun while it is under way; no attempt or RayJob name in status yet).
+    `roles`: the attempt's pods as the operator saw them (status.roles and the RolesReady condition; None:
+    not watched, neither is written).
     """
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
@@ -181,9 +189,17 @@ def compute_status(rljob: Obj, rayjob: Obj | None, validation_problems: list[str
     smoke_record = old.get("smokeRun") if smoke is None else smoke
     status["observedGeneration"] = meta.get("generation")
     status["phase"] = phase
+    roles_ready = None
+    if roles is not None and not validation_problems and not in_smoke:
+        # Pods and counts of another attempt (a retry was just decided) say nothing of this one.
+        same = roles.attempt == attempt
+        pods = roles.pods if same else ()
+        status["roles"] = compute_roles(desired_pods(rayjob), pods, roles.restarts if same else {})
+        roles_ready = roles_condition(status["roles"], pods, phase)
     status["conditions"] = merge_conditions(old.get("conditions") or [],
                                             _desired_conditions(phase, validation_problems, outcome,
-                                                                suspended, failure, spec_applied, smoke_record),
+                                                                suspended, failure, spec_applied, smoke_record,
+                                                                roles_ready),
                                             now, meta.get("generation"))
     if not validation_problems:
         status["configMapName"] = names.config_map_name(name)
@@ -299,16 +315,25 @@ def failures_before(old: Obj, by_attempt: dict[int, Obj], attempt: int) -> int:
     return (counted or 0) + seen
 
 
+@dataclass(frozen=True)
+class Abandon:
+    """Why the running attempt must end although its RayJob still runs: reason `Stalled` (no step for
+    spec.runPolicy.stallTimeoutSeconds; the caller keeps the clock) or `TrainerPodLost` (role_status)."""
+
+    reason: str
+    message: str
+
+
 def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: datetime.datetime,
-           stalled: str | None = None, smoke_step: int | None = None) -> Plan:
+           abandon: Abandon | None = None, smoke_step: int | None = None, roles: RolesSeen | None = None) -> Plan:
     """Decide the next step of an RLJob from its observed RayJobs (all attempts, the smoke run) and validation
     problems.
 
-    `stalled`: the current attempt made no progress for `spec.runPolicy.stallTimeoutSeconds` (the
-    message says so; the caller keeps the clock). A running attempt that stalled is handled like a
-    failed one, reason `Stalled`: its RayJob is stopped and the next attempt resumes from the latest
-    checkpoint, or the job fails when no retries are left. `smoke_step`: the last step a failed smoke run
-    reported (its progress.json), for the failure message.
+    `abandon`: the current attempt cannot go on (it stalled, or lost a trainer pod). A running attempt that is
+    abandoned is handled like a failed one, with the reason given: its RayJob is stopped and the next attempt
+    resumes from the latest checkpoint, or the job fails when no retries are left. `smoke_step`: the last step
+    a failed smoke run reported (its progress.json), for the failure message. `roles`: the attempt's pods
+    (status.roles, RolesReady; its newly confirmed losses of rollout or sandbox pods become Events).
     """
     old = rljob.get("status") or {}
     spec = rljob.get("spec") or {}
@@ -341,7 +366,7 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
         kwargs["last_failure"] = _failure_of(previous, attempt - 1)  # e.g. status lost before the retry
     failed = failures_before(old, by_attempt, attempt)
     edited = changes.changed_fields(rljob, rayjob) if rayjob is not None and outcome in ACTIVE_OUTCOMES else []
-    stall = stalled is not None and rayjob is not None and outcome == "running" and not edited
+    stall = abandon is not None and rayjob is not None and outcome == "running" and not edited
     if edited:
         events.append(EventSpec("Normal", "SpecChanged", (
             f"spec.{', spec.'.join(edited)} changed: stopping attempt {attempt} "
@@ -349,13 +374,13 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
             f"attempt {attempt + 1} then starts from the new spec and resumes from the latest checkpoint.")))
         attempt, rayjob, outcome = attempt + 1, None, "missing"
     elif (outcome in ("failed", "invalid") or stall) and rayjob is not None:
-        failure = {"attempt": attempt, "reason": "Stalled", "message": stalled} if stall \
-            else _failure_of(rayjob, attempt)
+        failure = {"attempt": attempt, "reason": abandon.reason, "message": abandon.message} \
+            if stall and abandon is not None else _failure_of(rayjob, attempt)
         # Retries used = failed attempts so far, this one included; restarts after a spec edit are not failures.
         failed += 1
         retry = outcome != "invalid" and failed <= backoff_limit and not _deadline_passed(old, spec, now)
-        if stall:
-            events.append(EventSpec("Warning", "Stalled", f"{stalled} Stopping RayJob {rayjob['metadata']['name']}; " + (
+        if stall and abandon is not None:
+            events.append(EventSpec("Warning", abandon.reason, f"{abandon.message} Stopping RayJob {rayjob['metadata']['name']}; " + (
                 f"attempt {attempt + 1} resumes from the latest checkpoint." if retry else
                 f"no retries left (spec.runPolicy.backoffLimit={backoff_limit}), so the job fails.")))
         if retry:
@@ -380,8 +405,8 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
             f"Waiting for RayJob {waiting} of a superseded attempt to stop; attempt {attempt} then starts "
             f"from the current spec and resumes from the latest checkpoint."))
     status = compute_status(rljob, rayjob, [], now, attempt=attempt, restarting=bool(stale),
-                            failed_attempts=failed, smoke=gate.smoke, **kwargs)
-    events = gate.events + _transition_events(old, status) + events
+                            failed_attempts=failed, smoke=gate.smoke, roles=roles, **kwargs)
+    events = gate.events + _transition_events(old, status) + events + _loss_events(roles, status)
     if status["phase"] in TERMINAL_PHASES:
         # Giving up on an attempt that still holds a cluster (stalled, past the deadline): release it.
         holding = [rayjob] if rayjob is not None and outcome in ACTIVE_OUTCOMES else []
@@ -393,6 +418,20 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
                 stop=[r["metadata"]["name"] for r in stale if not r["metadata"].get("deletionTimestamp")],
                 annotations=changes.attempt_annotations(rljob, str(pinned) if refused else location),
                 checkpoint_uri=str(pinned) if refused else None)
+
+
+def _loss_events(roles: RolesSeen | None, status: Obj) -> list[EventSpec]:
+    """An Event for each newly confirmed loss of a pod that the attempt survives (not the trainer's)."""
+    events = []
+    for loss in roles.losses if roles is not None else ():
+        if loss.role == TRAINER:
+            continue  # it ends the attempt: the TrainerPodLost event says so
+        lost = next((r["restarts"] for r in status.get("roles") or [] if r["name"] == loss.role), None)
+        events.append(EventSpec("Warning", "PodLost", (
+            f"Pod {loss.pod} of role {loss.role} {loss.how}. The attempt goes on: KubeRay replaces the pod, and the "
+            f"trainer uses the role's other pods meanwhile and the new one once Ray restarts its actors there"
+            + (f" ({loss.role} pods lost in attempt {roles.attempt}: {lost})." if lost is not None else "."))))
+    return events
 
 
 def _refusal(wanted: str, pinned: str) -> str:

@@ -4,6 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from rljob_operator import api
+from rljob_operator.status import CONDITION_TYPES
 
 
 def _job(**spec: object) -> dict:
@@ -94,9 +95,11 @@ def test_phase_and_condition_vocabulary() -> None:
         "Pending", "Invalid", "Queued", "Suspended", "Starting", "Running", "Retrying", "Restarting", "SmokeRun",
         "Succeeded", "Failed",
     ]
-    assert {c.value for c in api.ConditionType} == {
-        "Validated", "SmokeRunPassed", "Suspended", "ClusterReady", "Running", "Succeeded", "Failed", "SpecApplied",
-    }
+    assert [c.value for c in api.ConditionType] == [
+        "Validated", "SmokeRunPassed", "Suspended", "ClusterReady", "RolesReady", "Running", "Succeeded", "Failed",
+        "SpecApplied",
+    ]
+    assert tuple(c.value for c in api.ConditionType) == CONDITION_TYPES  # the CRD's enum is what status writes
 
 
 @pytest.mark.parametrize(

@@ -230,6 +230,7 @@ WORKLOAD_RULES = {
     ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("", "configmaps"): {"get", "create", "patch", "delete"},
     ("", "events"): {"create"},
+    ("", "pods"): {"list", "watch"},
 }
 #: kopf lists/watches/patches the peering object; peering.py creates it when missing and reads it.
 PEERING_VERBS = {"get", "list", "watch", "create", "patch"}

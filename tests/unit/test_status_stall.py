@@ -7,7 +7,11 @@ from typing import Any
 
 import pytest
 
-from rljob_operator.status import decide, failures_before
+from rljob_operator.status import Abandon, decide, failures_before
+
+
+def _stall(message: str | None) -> Abandon | None:
+    return Abandon("Stalled", message) if message else None
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.timezone.utc)
 STALL = "Attempt 1 made no progress past step 7 for more than 60s (spec.runPolicy.stallTimeoutSeconds)."
@@ -62,7 +66,7 @@ CASES = [
 def test_decide_with_stalls(title: str, job: dict[str, Any], observed: list[dict[str, Any]], stalled: str | None,
                             ensure: int | None, stop: list[str], phase: str, attempt: int, failed: int,
                             events: list[str]) -> None:
-    plan = decide(job, observed, [], NOW, stalled=stalled)
+    plan = decide(job, observed, [], NOW, abandon=_stall(stalled))
     assert (plan.attempt, plan.stop, plan.status["phase"]) == (ensure, stop, phase)
     assert (plan.status["attempt"], plan.status["failedAttempts"]) == (attempt, failed)
     assert [e.reason for e in plan.events] == events
@@ -70,12 +74,12 @@ def test_decide_with_stalls(title: str, job: dict[str, Any], observed: list[dict
 
 
 def test_stall_is_the_recorded_failure() -> None:
-    plan = decide(rljob(RUNNING_1), [rayjob(1, "Running", "RUNNING")], [], NOW, stalled=STALL)
+    plan = decide(rljob(RUNNING_1), [rayjob(1, "Running", "RUNNING")], [], NOW, abandon=_stall(STALL))
     assert plan.status["lastFailure"] == {"attempt": 1, "reason": "Stalled", "message": STALL}
     (event,) = plan.events
     assert event.type == "Warning" and STALL in event.message and "attempt 2 resumes" in event.message
     gave_up = decide(rljob({"phase": "Running", "attempt": 3, "failedAttempts": 2}),
-                     [rayjob(3, "Running", "RUNNING")], [], NOW, stalled=STALL)
+                     [rayjob(3, "Running", "RUNNING")], [], NOW, abandon=_stall(STALL))
     failed = cond(gave_up.status, "Failed")
     assert (failed["status"], failed["reason"]) == ("True", "Stalled")
     assert "backoffLimit=2" in gave_up.events[-1].message
@@ -95,7 +99,7 @@ def test_failures_before(status: dict[str, Any], observed: list[dict[str, Any]],
 
 def _converge(job: dict[str, Any], rayjobs: dict[int, dict[str, Any]], stalled: str | None) -> list[str]:
     """Apply one decision the way reconcile does (stop, create, write status); return the event reasons."""
-    plan = decide(job, list(rayjobs.values()), [], NOW, stalled=stalled)
+    plan = decide(job, list(rayjobs.values()), [], NOW, abandon=_stall(stalled))
     for name in plan.stop:
         del rayjobs[int(name.rsplit("-a", 1)[1])]  # no KubeRay finalizer: deleted at once
     if plan.attempt is not None and plan.attempt not in rayjobs:

@@ -85,6 +85,11 @@ only list/watch is used. A test (tests/unit/test_helm.py WORKLOAD_RULES) keeps t
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# The pods of our RayJobs (selected by label), only read: ready pods per role in status.roles, and a lost
+# pod (a rollout pod counts as a restart, a trainer pod ends the attempt; role_status.py).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
 {{- end }}
 
 {{/*
