@@ -11,6 +11,7 @@ from .common import Section
 from .data_extras import CustomDatasetClass, SamplerClass
 from .export import ExportConfig
 from .names import AdvEstimator, FilterGroupMetric, KlPenalty, LoggerName
+from .sandbox import SandboxServiceConfig
 from .values import Location, Seed
 
 #: Upper bounds that no real cluster reaches; they keep a typo (an extra digit or ten) from sizing one.
@@ -257,6 +258,11 @@ class TrainerConfig(Section):
     export: ExportConfig = Field(
         default_factory=ExportConfig,
         description="HybridFlow addition (not in verl): export the final checkpoint as a Hugging Face folder.",
+    )
+    sandbox: SandboxServiceConfig = Field(
+        default_factory=SandboxServiceConfig,
+        description="HybridFlow addition (not in verl): run_code servers on the RLJob's sandbox pods (spec.roles."
+        "sandbox) for the code tool and the code scorers; replicas 0 (default): none.",
     )
 
     ray_init: RayInitConfig = Field(

@@ -4,7 +4,8 @@ Several worker groups may share a pool (colocation, e.g. the actor and the criti
 each takes `1 / max_colocate_count` of every bundle, so `max_colocate_count` groups fit.
 
 Roles: on a cluster the RLJob operator may give a pool's work pods of its own (spec.roles, e.g. the rollout
-replicas of split placement on their own GPU type). Those pods advertise a Ray custom resource with one unit
+replicas of split placement on their own GPU type; the sandbox role's CPU pods hold the code sandbox's
+run_code servers instead, see sandbox_service.py). Those pods advertise a Ray custom resource with one unit
 per worker slot, and the operator names it per role in $HYBRIDFLOW_ROLE_RESOURCES (JSON, role -> resource,
 e.g. `{"trainer": "rljob.role/trainer", "rollout": "rljob.role/rollout"}`). Every bundle of a pool whose role
 is named there asks for one unit, so Ray places the pool on that role's pods. Without the variable (local
@@ -24,6 +25,8 @@ DEFAULT_PG_TIMEOUT_S = 120.0
 ROLE_RESOURCES_ENV = "HYBRIDFLOW_ROLE_RESOURCES"
 #: The role whose pods each pool of the trainer (main_ppo.build_worker_groups) runs on.
 POOL_ROLES = {"global_pool": "trainer", "rollout_pool": "rollout"}
+#: A role whose pods hold no pool but the run_code servers of the code sandbox (controller/sandbox_service.py).
+SANDBOX_ROLE = "sandbox"
 
 
 def role_resources_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

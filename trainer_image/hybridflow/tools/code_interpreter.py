@@ -86,6 +86,24 @@ class CodeInterpreterTool(BaseTool):
         self._pool = None if self.settings.sandbox_fusion_url else SandboxPool(self.settings.num_workers, gate=self._gate)
         self._slots = asyncio.Semaphore(self.settings.num_workers)
 
+    @property
+    def runs_locally(self) -> bool:
+        """Whether code runs in this process's local sandbox (no sandbox_fusion_url)."""
+        return self._pool is not None
+
+    def use_sandbox_service(self, url: str) -> None:
+        """Run code at the SandboxFusion endpoint `url` from now on instead of the local sandbox.
+
+        The trainer calls it when the RLJob has a sandbox role (hybridflow.controller.sandbox_service); a tool
+        configured with its own sandbox_fusion_url keeps it.
+        """
+        if self._pool is None:
+            raise ValueError(f"{self.name} already runs code at {self.settings.sandbox_fusion_url}; only a tool without "
+                             "sandbox_fusion_url is pointed at the sandbox role's servers")
+        self.settings = self.settings.model_copy(update={"sandbox_fusion_url": url})
+        pool, self._pool = self._pool, None
+        pool.close()
+
     def get_openai_tool_schema(self) -> OpenAIFunctionToolSchema:
         """The default schema: `code_interpreter(code: str)`."""
         return OpenAIFunctionToolSchema.model_validate(DEFAULT_TOOL_SCHEMA)

@@ -226,6 +226,22 @@ def build_reward_fns(cfg: HybridFlowConfig, tokenizer: Any, data_sources: set[st
     return train_fn, val_fn
 
 
+def start_sandbox(cfg: HybridFlowConfig, data_sources: set[str]) -> Any:
+    """The code sandbox's router when the RLJob has a sandbox role (the code scorers pointed at it), else None.
+
+    Its servers start once Ray is up (hybridflow.controller.sandbox_service); ValueError when the role would
+    serve nothing in this run.
+    """
+    from hybridflow.controller.sandbox_service import SandboxDeployment, plan_sandbox
+
+    plan = plan_sandbox(cfg, data_sources)
+    if plan is None:
+        return None
+    sandbox = SandboxDeployment(plan)
+    sandbox.point_reward(cfg)
+    return sandbox
+
+
 def run(cfg: HybridFlowConfig) -> int:
     """Build everything and train; returns the last completed global step."""
     from transformers import AutoTokenizer
@@ -233,12 +249,14 @@ def run(cfg: HybridFlowConfig) -> int:
     from hybridflow.trainer.ray_trainer import RayPPOTrainer, compute_total_training_steps
 
     model_cfg = cfg.actor_rollout_ref.model
+    sandbox = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path)
         train_loader, val_loader = build_data(cfg, tokenizer)
         sources = set(train_loader.dataset.data_sources())
         if val_loader is not None:
             sources |= set(val_loader.dataset.data_sources())
+        sandbox = start_sandbox(cfg, sources)  # before the reward managers: the code scorers take its URL
         reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources)
         if cfg.distillation.enabled:  # an unreadable teacher or one with another vocabulary, before Ray starts
             from hybridflow.workers.teacher_worker import teacher_problem
@@ -247,18 +265,28 @@ def run(cfg: HybridFlowConfig) -> int:
             if problem:
                 raise ValueError(problem)
     except (OSError, ValueError) as exc:  # bad paths, unreadable data, prompts too long, no scorer...
+        if sandbox is not None:
+            sandbox.close()
         raise StartupError(str(exc)) from exc
     # The workers' lr schedules need the run length (verl injects it the same way).
     total_steps = compute_total_training_steps(cfg, len(train_loader))
     cfg.actor_rollout_ref.actor.optim.total_training_steps = total_steps
     cfg.critic.optim.total_training_steps = total_steps
     init_ray(cfg)
-    workers = build_worker_groups(cfg, tokenizer)
     try:
-        trainer = RayPPOTrainer(cfg, tokenizer, workers, train_loader, reward_fn, val_loader, val_reward_fn)
-        step = trainer.fit()
+        if sandbox is not None:
+            sandbox.start_servers()
+        workers = build_worker_groups(cfg, tokenizer)
+        if sandbox is not None and workers.rollout_service is not None:
+            sandbox.point_tools(workers.rollout_service.manager.tools)
+        try:
+            trainer = RayPPOTrainer(cfg, tokenizer, workers, train_loader, reward_fn, val_loader, val_reward_fn)
+            step = trainer.fit()
+        finally:
+            workers.shutdown()
     finally:
-        workers.shutdown()
+        if sandbox is not None:
+            sandbox.close()
     if cfg.trainer.export.enable and step >= trainer.total_training_steps:  # finished, not stopped by a signal
         from hybridflow.model_merger import export_final_checkpoint
 
