@@ -320,7 +320,8 @@ class RoleResources(_Model):
         min_length=1,
         description="Extended resource name of the role's GPUs, e.g. nvidia.com/gpu; another device plugin's name "
         "(or a nodeSelector on a GPU-type label) gives the role its own GPU type. Unset: "
-        "spec.resources.gpuResourceName. The count per pod is derived from spec.config.",
+        "spec.resources.gpuResourceName. The count per pod is derived from spec.config. Refused on the CPU-only "
+        "sandbox role.",
     )
     cpu: Quantity | None = Field(default=None, description="CPU request and limit of each pod. Unset: spec.resources.cpu.")
     memory: Quantity | None = Field(
@@ -364,6 +365,35 @@ class RolloutRoleSpec(_Model):
     )
 
 
+class SandboxRoleSpec(_Model):
+    """The sandbox role: CPU-only pods serving the code sandbox (SandboxFusion's run_code API) to the code tool and
+    the code scorers.
+
+    Its size is the trainer's, not set here: spec.config.trainer.sandbox.replicas run_code servers, one per pod.
+    `replicas` only states what you expect: a value the config contradicts is refused.
+    """
+
+    replicas: int | None = Field(
+        default=None, ge=1,
+        description="Sandbox pods you expect: spec.config.trainer.sandbox.replicas, which the trainer reads (one "
+        "run_code server per pod); a different value is refused with the config change that gives it. Unset: no "
+        "check.",
+    )
+    resources: RoleResources = Field(
+        default_factory=RoleResources,
+        description="Per-pod cpu, memory and sharedMemory of the sandbox pods (unset: spec.resources'). CPU only: "
+        "gpuResourceName is refused here.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the sandbox pods must match, merged over spec.pod.nodeSelector key by key (the "
+        "role wins), e.g. a CPU node pool.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints the sandbox pods tolerate, in addition to spec.pod.tolerations."
+    )
+
+
 class RolesSpec(_Model):
     """An RLJob's pods by role. The trainer role (actor, reference, critic, reward model) is always there and
     uses spec.resources and spec.pod; each role set here gets a KubeRay worker group of its own in the same
@@ -373,6 +403,11 @@ class RolesSpec(_Model):
         default=None,
         description="Pods of their own for the rollout replicas; needs spec.config.trainer.placement: split. "
         "Unset: the rollout shares the trainer's worker group (colocated, or split over identical pods).",
+    )
+    sandbox: SandboxRoleSpec | None = Field(
+        default=None,
+        description="CPU-only pods of their own for the code sandbox (run_code servers for the code tool and the "
+        "code scorers); needs spec.config.trainer.sandbox.replicas. Unset: code runs in the trainer's processes.",
     )
 
 
@@ -417,7 +452,7 @@ class RLJobSpec(_Model):
     pod: PodSpec = Field(default_factory=PodSpec, description="Scheduling and environment settings of the pods.")
     roles: RolesSpec | None = Field(
         default=None,
-        description="Roles with pods of their own (rollout), each a KubeRay worker group advertising the Ray "
+        description="Roles with pods of their own (rollout, sandbox), each a KubeRay worker group advertising the Ray "
         "custom resource rljob.role/<role>; sizes come from spec.config. Unset: one worker group for everything.",
     )
     scheduling: SchedulingSpec | None = Field(

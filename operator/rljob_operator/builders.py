@@ -301,7 +301,10 @@ def _worker_groups(rljob: api.RLJob, run: _Run, default_image: str) -> list[dict
         # (pod.go, getResourcesMap: surrounding quotes trimmed, then JSON): a JSON object in single quotes
         # suits both, and is the form KubeRay writes (the docs' '"{\"A\": 1}"' form fails its JSON parse).
         advertised = json.dumps({role.resource: role.slots_per_pod})
-        groups.append(_worker_group(role.group_name, role.pods, {"resources": f"'{advertised}'"}, template))
+        start_params = {"resources": f"'{advertised}'"}
+        if role.exclusive:  # Ray sees no CPUs there: only actors asking for the role's resource are placed on it
+            start_params["num-cpus"] = "0"
+        groups.append(_worker_group(role.group_name, role.pods, start_params, template))
     return groups
 
 

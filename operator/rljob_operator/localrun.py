@@ -156,6 +156,8 @@ def build_local_run(
     rljob.metadata.uid = rljob.metadata.uid or LOCAL_UID
     # One machine holds every role: no pods per role, so no Ray resource to place the pools by (roles.py).
     role_notes = ["spec.roles: every role runs on this machine"] if rljob.spec.roles is not None else []
+    if rljob.spec.roles is not None and rljob.spec.roles.sandbox is not None:
+        role_notes.append("spec.roles.sandbox: no run_code servers start; code runs in the local sandbox")
     rljob.spec.roles = None
     config_text = build_configmap(rljob)["data"][names.CONFIG_KEY]
     rayjob = build_rayjob(rljob, LOCAL_ATTEMPT)

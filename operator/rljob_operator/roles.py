@@ -5,6 +5,9 @@
 - rollout (spec.roles.rollout, with trainer.placement split): the rollout pool, which the trainer makes of
   the global pool's shape (hybridflow.trainer.main_ppo.build_worker_groups), on pods with the role's own
   resources, GPU type, nodeSelector and tolerations.
+- sandbox (spec.roles.sandbox): CPU-only pods, one per run_code server of the code sandbox; the trainer starts
+  spec.config.trainer.sandbox.replicas servers (hybridflow.controller.sandbox_service), so that is the pod count.
+  The pods advertise no CPUs to Ray (num-cpus 0): only the servers, which ask for the role's resource, run there.
 
 Sizes are derived from the trainer config, never written twice, so the manifest and the trainer agree. Each
 role's pods advertise the Ray custom resource `rljob.role/<role>`, one unit per worker slot (a GPU, or a
@@ -20,8 +23,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridflow._config.sandbox import TOOL_KEY, sandbox_consumers
 from hybridflow.config import HybridFlowConfig
-from hybridflow.controller.resource_pool import POOL_ROLES, ROLE_RESOURCES_ENV
+from hybridflow.controller.resource_pool import POOL_ROLES, ROLE_RESOURCES_ENV, SANDBOX_ROLE
 from hybridflow.recipes import TrainerConfigTree
 from rljob_operator import api
 
@@ -29,11 +33,13 @@ from rljob_operator import api
 ROLE_RESOURCE_PREFIX = "rljob.role/"
 TRAINER = "trainer"
 ROLLOUT = "rollout"
+SANDBOX = "sandbox"
 #: The pod label naming a pod's role (on multi-role jobs).
 LABEL_ROLE = "rl.hybridflow.dev/role"
 assert {TRAINER, ROLLOUT} <= set(POOL_ROLES.values()), "the trainer's pools must know every operator role"
-__all__ = ["LABEL_ROLE", "ROLE_RESOURCES_ENV", "ROLE_RESOURCE_PREFIX", "ROLLOUT", "TRAINER", "Role", "config_problems",
-           "derive", "has_roles", "role_resources_env", "rollout_replicas"]
+assert SANDBOX == SANDBOX_ROLE, "the trainer's sandbox service must know the sandbox role"
+__all__ = ["LABEL_ROLE", "ROLE_RESOURCES_ENV", "ROLE_RESOURCE_PREFIX", "ROLLOUT", "SANDBOX", "TRAINER", "Role",
+           "config_problems", "derive", "has_roles", "role_resources_env", "rollout_replicas"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ class Role:
     shared_memory: api.Quantity
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, Any]] = field(default_factory=list)
+    #: Only actors asking for the role's resource may run on its pods: Ray sees no CPUs there (num-cpus 0), so
+    #: work asking for CPU alone (a CPU trainer's pools, helper actors) goes elsewhere.
+    exclusive: bool = False
 
     @property
     def resource(self) -> str:
@@ -66,34 +75,53 @@ class Role:
 
 def has_roles(rljob: api.RLJob) -> bool:
     """Whether the RLJob asks for roles with pods of their own (else: one worker group, as before)."""
-    return rljob.spec.roles is not None and rljob.spec.roles.rollout is not None
+    roles = rljob.spec.roles
+    return roles is not None and (roles.rollout is not None or roles.sandbox is not None)
 
 
 def derive(rljob: api.RLJob, config: TrainerConfigTree) -> list[Role]:
     """The roles of an RLJob run with `config` (an attempt's or the smoke run's), trainer first; [] without spec.roles.
 
-    Validate first (config_problems): this assumes a rollout role comes with trainer.placement split.
+    Validate first (config_problems): this assumes a rollout role comes with trainer.placement split and a sandbox
+    role with trainer.sandbox.replicas.
     """
     if not has_roles(rljob):
         return []
-    assert rljob.spec.roles is not None and rljob.spec.roles.rollout is not None
-    trainer = config.trainer
-    # split placement: the rollout pool has the global pool's shape, trainer.nnodes x trainer.n_gpus_per_node
-    shape = {"pods": trainer.nnodes, "slots_per_pod": trainer.n_gpus_per_node,
-             "gpus_per_pod": 0 if trainer.device == "cpu" else trainer.n_gpus_per_node}
-    res, pod, own = rljob.spec.resources, rljob.spec.pod, rljob.spec.roles.rollout
-    pod_tolerations = [t.model_dump(mode="json", exclude_none=True) for t in pod.tolerations]
-    own_tolerations = [t.model_dump(mode="json", exclude_none=True) for t in own.tolerations]
-    return [
-        Role(name=TRAINER, **shape, gpu_resource_name=res.gpu_resource_name, cpu=res.cpu, memory=res.memory,
-             shared_memory=res.shared_memory, node_selector=dict(pod.node_selector), tolerations=pod_tolerations),
-        Role(name=ROLLOUT, **shape,
-             gpu_resource_name=_first(own.resources.gpu_resource_name, res.gpu_resource_name),
-             cpu=_first(own.resources.cpu, res.cpu), memory=_first(own.resources.memory, res.memory),
-             shared_memory=_first(own.resources.shared_memory, res.shared_memory),
-             node_selector={**pod.node_selector, **own.node_selector},
-             tolerations=pod_tolerations + [t for t in own_tolerations if t not in pod_tolerations]),
-    ]
+    assert rljob.spec.roles is not None
+    trainer, own = config.trainer, rljob.spec.roles
+    gpus = 0 if trainer.device == "cpu" else trainer.n_gpus_per_node
+    # split placement: the rollout pool has the global pool's shape, trainer.nnodes x trainer.n_gpus_per_node; without
+    # a rollout role the trainer's pods hold both pools, as the single worker group does (builders.cluster_shape)
+    pools = 2 if own.rollout is None and getattr(trainer, "placement", "colocate") == "split" else 1
+    res, pod = rljob.spec.resources, rljob.spec.pod
+    result = [Role(name=TRAINER, pods=trainer.nnodes * pools, slots_per_pod=trainer.n_gpus_per_node, gpus_per_pod=gpus,
+                   gpu_resource_name=res.gpu_resource_name, cpu=res.cpu, memory=res.memory,
+                   shared_memory=res.shared_memory, node_selector=dict(pod.node_selector),
+                   tolerations=_tolerations(pod.tolerations))]
+    if own.rollout is not None:
+        result.append(_own_role(rljob, ROLLOUT, own.rollout, pods=trainer.nnodes, slots_per_pod=trainer.n_gpus_per_node,
+                                gpus_per_pod=gpus))
+    if own.sandbox is not None:
+        # one run_code server per pod, one unit each; CPU only, whatever trainer.device is
+        result.append(_own_role(rljob, SANDBOX, own.sandbox, pods=sandbox_replicas(config), slots_per_pod=1,
+                                gpus_per_pod=0, exclusive=True))
+    return result
+
+
+def _own_role(rljob: api.RLJob, name: str, own: api.RolloutRoleSpec | api.SandboxRoleSpec, **shape: Any) -> Role:
+    """A role with pods of its own: its resources over spec.resources', its nodeSelector and tolerations over spec.pod's."""
+    res, pod, mine = rljob.spec.resources, rljob.spec.pod, own.resources
+    pod_tolerations = _tolerations(pod.tolerations)
+    return Role(name=name, **shape,
+                gpu_resource_name=_first(mine.gpu_resource_name, res.gpu_resource_name),
+                cpu=_first(mine.cpu, res.cpu), memory=_first(mine.memory, res.memory),
+                shared_memory=_first(mine.shared_memory, res.shared_memory),
+                node_selector={**pod.node_selector, **own.node_selector},
+                tolerations=pod_tolerations + [t for t in _tolerations(own.tolerations) if t not in pod_tolerations])
+
+
+def _tolerations(tolerations: list[api.Toleration]) -> list[dict[str, Any]]:
+    return [t.model_dump(mode="json", exclude_none=True) for t in tolerations]
 
 
 def _first(value: Any, default: Any) -> Any:
@@ -122,10 +150,25 @@ def rollout_replicas(config: HybridFlowConfig) -> tuple[int, str]:
                                  f"GPUs / tensor_model_parallel_size {tp}")
 
 
+def sandbox_replicas(config: TrainerConfigTree) -> int:
+    """The run_code servers the trainer starts on the sandbox role, one per pod (trainer.sandbox.replicas)."""
+    sandbox = getattr(config.trainer, "sandbox", None)  # the RL trainer's key; sft/dpo have none
+    return int(sandbox.replicas) if sandbox is not None else 0
+
+
 def config_problems(rljob: api.RLJob, config: TrainerConfigTree | None) -> list[str]:
     """What makes spec.roles impossible with spec.config (empty when the roles fit); None: config invalid."""
-    if not has_roles(rljob):
+    if rljob.spec.roles is None:
         return []
+    problems = []
+    if rljob.spec.roles.rollout is not None:
+        problems += _rollout_problems(rljob, config)
+    if rljob.spec.roles.sandbox is not None:
+        problems += _sandbox_problems(rljob.spec.recipe, rljob.spec.roles.sandbox, config)
+    return problems
+
+
+def _rollout_problems(rljob: api.RLJob, config: TrainerConfigTree | None) -> list[str]:
     assert rljob.spec.roles is not None and rljob.spec.roles.rollout is not None
     if rljob.spec.recipe != "ppo":
         return [f"spec.roles.rollout: spec.recipe {rljob.spec.recipe} trains on fixed data and has no rollout; "
@@ -183,3 +226,36 @@ def _pool_hint(replicas: int, config: HybridFlowConfig) -> str:
     nodes = -(-need // trainer.n_gpus_per_node)
     return (f" and, since {replicas} replicas x {tp} GPUs need {need} and the pool has {have}, trainer.nnodes: "
             f"{nodes} (the rollout pool has the trainer's shape)")
+
+
+def _sandbox_problems(recipe: str, own: api.SandboxRoleSpec, config: TrainerConfigTree | None) -> list[str]:
+    """A sandbox role needs servers to hold (trainer.sandbox.replicas) and something in the config that runs code."""
+    if recipe != "ppo":
+        return [f"spec.roles.sandbox: spec.recipe {recipe} trains on fixed data and runs no code (no tools, no code "
+                "scorers); remove spec.roles.sandbox"]
+    if own.resources.gpu_resource_name is not None:
+        problems = ["spec.roles.sandbox.resources.gpuResourceName: the sandbox pods are CPU-only (they run programs "
+                    "for the code tool and the code scorers, no model) and request no GPUs; remove it"]
+    else:
+        problems = []
+    if not isinstance(config, HybridFlowConfig):
+        return problems  # None: the trainer config's own problems are reported; the rest needs a valid config
+    have = sandbox_replicas(config)
+    if have == 0:
+        problems.append(
+            "spec.roles.sandbox: spec.config starts no sandbox servers (trainer.sandbox.replicas is 0); set "
+            f"spec.config.trainer.sandbox.replicas: {own.replicas or 1} (one run_code server per sandbox pod), or "
+            "remove spec.roles.sandbox")
+    elif own.replicas is not None and own.replicas != have:
+        problems.append(
+            f"spec.roles.sandbox.replicas: {own.replicas} contradicts spec.config.trainer.sandbox.replicas {have} "
+            f"(one run_code server per sandbox pod); set spec.config.trainer.sandbox.replicas: {own.replicas}, or "
+            "remove spec.roles.sandbox.replicas")
+    users, why_not = sandbox_consumers(config)
+    if not users:
+        problems.append(
+            f"spec.roles.sandbox: nothing in spec.config runs code in the sandbox: {'; '.join(why_not)}. Set {TOOL_KEY} "
+            "to a tool config with the code_interpreter tool (verl's SandboxFusionTool) without sandbox_fusion_url, "
+            "or score code data sources (codecontests, apps, codeforces, taco) with the built-in scorers and "
+            "reward_model.sandbox_fusion.url unset; or remove spec.roles.sandbox")
+    return problems

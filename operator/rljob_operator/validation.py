@@ -378,10 +378,19 @@ def toleration_problems(tolerations: list[api.Toleration], where: str) -> list[s
 
 def _check_roles(rljob: api.RLJob, config: TrainerConfigTree | None, report: ValidationReport) -> None:
     """spec.roles: each role's own pod settings, and that spec.config gives the role its pool (roles.py)."""
-    own = rljob.spec.roles.rollout if rljob.spec.roles is not None else None
-    if own is None:
+    _check_sandbox_replicas_without_role(rljob, config, report)
+    if rljob.spec.roles is None:
         return
-    where, res, defaults = "spec.roles.rollout", own.resources, rljob.spec.resources
+    for name, own in (("rollout", rljob.spec.roles.rollout), ("sandbox", rljob.spec.roles.sandbox)):
+        if own is not None:
+            _check_role_pods(f"spec.roles.{name}", name, own, rljob.spec.resources, report)
+    report.errors.extend(roles.config_problems(rljob, config))
+
+
+def _check_role_pods(where: str, name: str, own: api.RolloutRoleSpec | api.SandboxRoleSpec,
+                     defaults: api.ResourcesSpec, report: ValidationReport) -> None:
+    """A role's resources, tolerations and nodeSelector are well formed."""
+    res = own.resources
     if res.gpu_resource_name is not None and not _RESOURCE_NAME.fullmatch(res.gpu_resource_name):
         report.errors.append(
             f"{where}.resources.gpuResourceName: {shorten(res.gpu_resource_name)} is not an extended resource name; "
@@ -400,7 +409,7 @@ def _check_roles(rljob: api.RLJob, config: TrainerConfigTree | None, report: Val
             too_big = False  # the spec.resources check reports the unparsable default
         if too_big:
             report.errors.append(
-                f"{where}.resources.sharedMemory: {shm} is not below the rollout pods' memory {memory}; /dev/shm is "
+                f"{where}.resources.sharedMemory: {shm} is not below the {name} pods' memory {memory}; /dev/shm is "
                 "memory-backed and counts against the pod's memory limit: lower it or raise memory"
             )
     report.errors.extend(toleration_problems(own.tolerations, f"{where}.tolerations"))
@@ -410,7 +419,17 @@ def _check_roles(rljob: api.RLJob, config: TrainerConfigTree | None, report: Val
                 f"{where}.nodeSelector.{dotted((key,))}: {shorten(value)} is not a valid label value (up to 63 "
                 "letters, digits, '-', '_' or '.'); use the value of the node label to match"
             )
-    report.errors.extend(roles.config_problems(rljob, config))
+
+
+def _check_sandbox_replicas_without_role(rljob: api.RLJob, config: TrainerConfigTree | None,
+                                         report: ValidationReport) -> None:
+    """trainer.sandbox.replicas only acts through a sandbox role: without one, say so."""
+    replicas = roles.sandbox_replicas(config) if config is not None else 0
+    if replicas and (rljob.spec.roles is None or rljob.spec.roles.sandbox is None):
+        report.warnings.append(
+            f"spec.config.trainer.sandbox.replicas: {replicas} starts no sandbox servers without spec.roles.sandbox "
+            "(code then runs in the trainer's processes); add spec.roles.sandbox to give them pods, or remove the key"
+        )
 
 
 def _check_checkpoint(rljob: api.RLJob, config: TrainerConfigTree | None, report: ValidationReport) -> None:
