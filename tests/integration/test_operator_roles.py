@@ -97,3 +97,34 @@ def test_a_rollout_role_without_split_placement_is_refused_with_the_fix(
     assert "spec.roles.rollout: needs spec.config.trainer.placement: split (it is colocate)" in condition["message"]
     assert "set trainer.placement: split, or remove spec.roles.rollout" in condition["message"]
     assert kube.find(RAY, "rayjobs", "colocated-roles-a1") is None
+
+
+def test_a_sandbox_role_becomes_a_cpu_only_group_and_a_gpu_there_is_refused(
+    kubectl: pathlib.Path, cluster: tuple[KubeEmulator, Operator], tmp_path: pathlib.Path,
+) -> None:
+    kube, operator = cluster
+    job = yaml.safe_load((ROOT / "examples" / "rljob_code_sandbox.yaml").read_text())
+    name = job["metadata"]["name"]
+    assert "created" in _apply(kubectl, operator, job, tmp_path)
+    rayjob = wait_for(lambda: kube.find(RAY, "rayjobs", f"{name}-a1"), "the operator's RayJob")
+    groups = {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
+    assert list(groups) == ["trainer", "sandbox"]
+    sandbox = groups["sandbox"]
+    assert sandbox["replicas"] == 4 and sandbox["rayStartParams"]["num-cpus"] == "0"
+    (advertised,) = shlex.split(sandbox["rayStartParams"]["resources"])
+    assert json.loads(advertised) == {"rljob.role/sandbox": 1}
+    assert sandbox["template"]["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "8", "memory": "16Gi"}
+    assert sandbox["template"]["metadata"]["labels"]["rl.hybridflow.dev/role"] == "sandbox"
+    assert kube.kuberay_schema or not (ROOT.parent / "shared" / "kuberay").exists()
+
+    job["metadata"]["name"] = "sandbox-on-gpus"
+    job["spec"]["roles"]["sandbox"]["resources"]["gpuResourceName"] = "nvidia.com/gpu"
+    _apply(kubectl, operator, job, tmp_path)
+
+    def refused() -> dict[str, Any] | None:
+        conditions = (kube.get(RLJ, "rljobs", "sandbox-on-gpus").get("status") or {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "Validated" and c["status"] == "False"), None)
+
+    condition = wait_for(refused, "Validated=False")
+    assert "spec.roles.sandbox.resources.gpuResourceName: the sandbox pods are CPU-only" in condition["message"]
+    assert kube.find(RAY, "rayjobs", "sandbox-on-gpus-a1") is None
