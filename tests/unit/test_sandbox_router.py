@@ -181,3 +181,25 @@ def test_the_deployment_points_only_consumers_without_a_url(tmp_path: Path) -> N
         assert local.settings.sandbox_fusion_url == deployment.router.url
     finally:
         deployment.close()
+
+
+def test_main_ppo_points_the_code_scorers_at_the_router_only_with_the_role(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hybridflow.trainer.main_ppo import build_reward_fns, start_sandbox
+
+    monkeypatch.delenv(ROLE_RESOURCES_ENV, raising=False)
+    cfg = _cfg(tmp_path, tool=None)
+    assert start_sandbox(cfg, {"codecontests"}) is None  # no role: the scorers run the local sandbox
+    assert cfg.reward_model.sandbox_fusion.url is None
+    monkeypatch.setenv(ROLE_RESOURCES_ENV, ROLE_ENV[ROLE_RESOURCES_ENV])
+    sandbox = start_sandbox(cfg, {"codecontests"})
+    try:
+        assert sandbox is not None and cfg.reward_model.sandbox_fusion.url == sandbox.router.url
+        train_fn, val_fn = build_reward_fns(cfg, None, {"codecontests"})
+        for fn in (train_fn, val_fn):
+            assert fn.compute_score.keywords["sandbox_fusion_url"] == sandbox.router.url
+    finally:
+        sandbox.close()
+    with pytest.raises(ValueError, match="nothing in this run uses it"):
+        start_sandbox(_cfg(tmp_path, tool=None), {"gsm8k"})
