@@ -385,6 +385,26 @@ def _check_roles(rljob: api.RLJob, config: TrainerConfigTree | None, report: Val
         if own is not None:
             _check_role_pods(f"spec.roles.{name}", name, own, rljob.spec.resources, report)
     report.errors.extend(roles.config_problems(rljob, config))
+    if rljob.spec.roles.sandbox is not None and config is not None and roles.sandbox_replicas(config):
+        _check_sandbox_cpus(rljob.spec.roles.sandbox, rljob.spec.resources, config, report)
+
+
+def _check_sandbox_cpus(own: api.SandboxRoleSpec, defaults: api.ResourcesSpec, config: TrainerConfigTree,
+                        report: ValidationReport) -> None:
+    """Each sandbox pod should have a CPU for every program its server runs at once."""
+    cpu = own.resources.cpu if own.resources.cpu is not None else defaults.cpu
+    at_once = config.trainer.sandbox.max_concurrency  # sandbox_replicas > 0: the RL trainer's config
+    try:
+        short = parse_quantity(cpu) < at_once
+    except ValueError:
+        return  # reported by the quantity checks
+    if short:
+        where = "spec.roles.sandbox.resources.cpu" if own.resources.cpu is not None else "spec.resources.cpu"
+        report.warnings.append(
+            f"{where}: {cpu} CPUs per sandbox pod for spec.config.trainer.sandbox.max_concurrency {at_once} programs "
+            "at once: they share the CPUs and may hit their wall-clock timeouts; raise the sandbox pods' cpu or lower "
+            "max_concurrency"
+        )
 
 
 def _check_role_pods(where: str, name: str, own: api.RolloutRoleSpec | api.SandboxRoleSpec,

@@ -211,3 +211,13 @@ def test_a_local_run_says_the_code_runs_in_the_local_sandbox() -> None:
     run = localrun.build_local_run(api.RLJob.model_validate(example), Path("/w"), python="py", environ={})
     assert ROLE_RESOURCES_ENV not in run.env  # no sandbox pods: the trainer's plan_sandbox finds no role
     assert "spec.roles.sandbox: no run_code servers start; code runs in the local sandbox" in run.notes
+
+
+def test_fewer_cpus_than_programs_at_once_is_a_warning() -> None:
+    config = _with("trainer.sandbox.max_concurrency", 16)
+    report = validation.check_rljob(_obj(config=config, sandbox=SANDBOX_ROLE))
+    assert report.errors == []
+    assert any(w.startswith("spec.roles.sandbox.resources.cpu: 8 CPUs per sandbox pod for spec.config.trainer.sandbox."
+                            "max_concurrency 16 programs at once") for w in report.warnings), report.warnings
+    warnings = validation.check_rljob(_obj(sandbox=SANDBOX_ROLE)).warnings  # 8 CPUs for the default 4
+    assert not any("max_concurrency" in w for w in warnings), warnings

@@ -8,7 +8,9 @@ returns that server's answer. A server that cannot be reached, closes the connec
 5xx is marked down and the request goes to the next one (the sandbox runs are side-effect free, so a run cut
 short is run again). The list of servers comes from `backends()`, asked again when none is left, and every
 `refresh_s` while one is down (a restarted server comes back under a new address). When no server answers
-for `give_up_s` the router replies 503 with what went wrong. `GET /healthz` lists the servers. Ray-free: the
+for `give_up_s` the router replies 503 with what went wrong, before the consumers' own timeouts (the code
+scorer waits run_timeout + 30 s) would hide it. Listing holds the router's lock (a listing that asks Ray takes
+up to a couple of seconds), so requests wait for it rather than hitting servers already known to be gone. `GET /healthz` lists the servers. Ray-free: the
 caller passes `backends`.
 """
 
@@ -42,7 +44,7 @@ class SandboxRouter:
     """Forward run_code requests over the servers `backends()` lists (base URLs such as http://10.0.0.7:41234)."""
 
     def __init__(self, backends: Callable[[], list[str]], *, host: str = "127.0.0.1", port: int = 0,
-                 refresh_s: float = 5.0, give_up_s: float = 120.0) -> None:
+                 refresh_s: float = 5.0, give_up_s: float = 30.0) -> None:
         self._backends = backends
         self.refresh_s = refresh_s
         self.give_up_s = give_up_s
