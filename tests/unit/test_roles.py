@@ -237,8 +237,11 @@ def test_unknown_role_fields_are_refused_by_the_schema() -> None:
 def test_the_operator_and_the_trainer_count_replicas_alike() -> None:
     from hybridflow.workers.rollout_service import replica_count
 
-    for path, value in [("trainer.nnodes", 4), ("actor_rollout_ref.rollout.replicas", 5), ("trainer.device", "cpu")]:
-        config = get_recipe("ppo").parse(_with(path, value))
+    tp = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    for path, value, base in [("trainer.nnodes", 4, None), ("actor_rollout_ref.rollout.replicas", 5, None),
+                              ("trainer.device", "cpu", None), (tp, 2, None), (tp, 4, None),
+                              (tp, 2, _with("trainer.device", "cpu"))]:
+        config = get_recipe("ppo").parse(_with(path, value, base))
         world = config.trainer.nnodes * config.trainer.n_gpus_per_node
         assert roles.rollout_replicas(config)[0] == replica_count(config, world)
 

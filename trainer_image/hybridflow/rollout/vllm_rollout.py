@@ -47,18 +47,10 @@ def bind_cpu_threads(cores: int | None = None, tp: int = 1) -> None:
 
     "auto" binds one NUMA node's cores minus reserved ones; on small machines a core then idles.
     """
-    from hybridflow.workers.cpu_slots import omp_bind_mask
+    from hybridflow.workers.cpu_slots import omp_bind_setting
 
     n = os.cpu_count() or 1
-    user = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    if not user:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind_mask(n, cores, tp)
-    elif tp > 1 and user not in ("auto", "nobind") and len(user.split("|")) != tp:
-        raise ValueError(
-            f"VLLM_CPU_OMP_THREADS_BIND={user!r} has {len(user.split('|'))} core list(s), but "
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} runs {tp} vLLM-CPU ranks, one list each; "
-            f"give {tp} lists separated by '|' (e.g. {omp_bind_mask(n, None, tp)!r} on this machine), or unset it"
-        )
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind_setting(os.environ.get("VLLM_CPU_OMP_THREADS_BIND"), n, cores, tp)
     if cores:
         os.environ["OMP_NUM_THREADS"] = str(max(1, min(cores, n) // tp))
 

@@ -54,3 +54,20 @@ def omp_bind_mask(n_cpus: int, cores: int | None = None, tp: int = 1) -> str:
         hi = first + (rank + 1) * count // tp - 1
         lists.append(f"{lo}-{hi}" if hi > lo else str(lo))
     return "|".join(lists)
+
+
+def omp_bind_setting(user: str | None, n_cpus: int, cores: int | None = None, tp: int = 1) -> str:
+    """The VLLM_CPU_OMP_THREADS_BIND to run with: the user's value when set (vLLM's "auto" and "nobind" too),
+    else `omp_bind_mask`. A user value needs one core list per tensor-parallel rank (vLLM asserts that deep in
+    its worker start-up; the message here says which setting to change)."""
+    if not user:
+        return omp_bind_mask(n_cpus, cores, tp)
+    lists = len(user.split("|"))
+    if user not in ("auto", "nobind") and lists != tp:
+        raise ValueError(
+            f"VLLM_CPU_OMP_THREADS_BIND={user!r} has {lists} core list(s), but "
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} runs {tp} vLLM-CPU rank(s), one list each; "
+            f"give {tp} list(s) separated by '|' (e.g. {omp_bind_mask(n_cpus, None, min(tp, n_cpus))!r} on this "
+            "machine), or unset it"
+        )
+    return user
