@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,14 +157,17 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
         model = api.RLJob.model_validate(rljob)
         if plan.checkpoint_uri is not None:  # a change of the location is refused: keep the pinned one
             model.spec.checkpoint.uri = plan.checkpoint_uri
+        mine: Callable[[Obj], bool]
         if plan.smoke:
             configmap, rayjob = build_smoke_children(model, plan.annotations, default_image=default_image,
                                                      pod_defaults=pod_defaults)
             mine = is_smoke_run
         else:
-            configmap, rayjob = build_children(model, plan.attempt, plan.annotations, default_image=default_image,
+            attempt = plan.attempt
+            assert attempt is not None  # a plan ensures the children of an attempt or of the smoke run
+            configmap, rayjob = build_children(model, attempt, plan.annotations, default_image=default_image,
                                                pod_defaults=pod_defaults)
-            mine = lambda r, attempt=plan.attempt: attempt_of(r) == attempt  # noqa: E731
+            mine = _of_attempt(attempt)
         existing = next((r for r in owned if mine(r)), None)
         # The ConfigMap is (re)applied when an attempt starts or the spec changed, not on every event.
         if existing is None or meta.get("generation") != (rljob.get("status") or {}).get("observedGeneration"):
@@ -201,6 +205,11 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     for event in plan.events:
         await client.post_event(rljob, event.type, event.reason, event.message, now)
     return plan, rljob
+
+
+def _of_attempt(attempt: int) -> Callable[[Obj], bool]:
+    """Whether a RayJob is the one of `attempt`."""
+    return lambda rayjob: attempt_of(rayjob) == attempt
 
 
 async def _failed_smoke_step(rljob: Obj, rayjobs: list[Obj], timeout: float = 5.0) -> int | None:

@@ -422,8 +422,10 @@ def decide(rljob: Obj, rayjobs: list[Obj], validation_problems: list[str], now: 
 
 def _loss_events(roles: RolesSeen | None, status: Obj) -> list[EventSpec]:
     """An Event for each newly confirmed loss of a pod that the attempt survives (not the trainer's)."""
-    events = []
-    for loss in roles.losses if roles is not None else ():
+    events: list[EventSpec] = []
+    if roles is None:
+        return events
+    for loss in roles.losses:
         if loss.role == TRAINER:
             continue  # it ends the attempt: the TrainerPodLost event says so
         lost = next((r["restarts"] for r in status.get("roles") or [] if r["name"] == loss.role), None)

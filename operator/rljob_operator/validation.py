@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from hybridflow._config.errors import describe_error, dotted, shorten
 from hybridflow._config.values import location_scheme
-from hybridflow.config import ConfigError
+from hybridflow.config import ConfigError, HybridFlowConfig
 from hybridflow.recipes import RECIPE_NAMES, TrainerConfigTree, get_recipe
 from rljob_operator import api, names, roles, scheduling, smoke
 from rljob_operator.builders import METRICS_PORT, merged_config, operator_trainer_values
@@ -393,7 +393,9 @@ def _check_sandbox_cpus(own: api.SandboxRoleSpec, defaults: api.ResourcesSpec, c
                         report: ValidationReport) -> None:
     """Each sandbox pod should have a CPU for every program its server runs at once."""
     cpu = own.resources.cpu if own.resources.cpu is not None else defaults.cpu
-    at_once = config.trainer.sandbox.max_concurrency  # sandbox_replicas > 0: the RL trainer's config
+    if not isinstance(config, HybridFlowConfig):
+        return  # sandbox_replicas > 0 only for the RL trainer's config
+    at_once = config.trainer.sandbox.max_concurrency
     try:
         short = parse_quantity(cpu) < at_once
     except ValueError:
