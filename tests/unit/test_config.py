@@ -423,7 +423,6 @@ def test_async_rollout_mode_is_accepted_with_vllm_and_refused_with_what_is_not_b
         "actor_rollout_ref.rollout.multi_turn.format=gpt-oss": "multi_turn.format=hermes",
         "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true": "token-in/token-out",
         "+actor_rollout_ref.rollout.agent.custom_async_server.path=/x.py": "custom async rollout server class",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=2": "tensor parallelism in server-mode",
     }
     # with tools (server mode needed); single-turn async where server mode cannot serve it runs in sync mode
     # (tests/unit/test_verl_compat_rollout.py)
@@ -431,6 +430,9 @@ def test_async_rollout_mode_is_accepted_with_vllm_and_refused_with_what_is_not_b
     for override, message in refused.items():
         with pytest.raises(ConfigError, match=message):
             load_config(None, [*base, tools, override, "trainer.n_gpus_per_node=2", "trainer.device=cuda"]).validate_for_run()
+    # tensor-parallel replicas span tp slots of the pool (hybridflow.workers.rollout_service)
+    load_config(None, [*base, tools, "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2",
+                       "trainer.device=cuda"]).validate_for_run()
     sync = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.multi_turn.enable=true",
             "actor_rollout_ref.rollout.mode=sync"]
     with pytest.raises(ConfigError, match="run in server mode only"):

@@ -23,13 +23,13 @@ def _problems(*overrides: str) -> list[str]:
     return info.value.problems
 
 
-def test_single_turn_async_with_tensor_parallel_runs_in_sync_mode_with_a_note() -> None:
-    """verl's default mode is async; a single-turn line that says so with TP 2 runs as a line without mode does."""
-    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.tensor_model_parallel_size=2", f"{RO}.name=vllm")
-    assert cfg.actor_rollout_ref.rollout.mode == "sync"
-    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == 2
-    assert "rollout.mode=async runs in sync mode" in notes
-    assert "tensor_model_parallel_size=1 (got 2)" in notes
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_single_turn_async_with_tensor_parallel_stays_async(device: str) -> None:
+    """Server replicas span tensor_model_parallel_size slots: a single-turn TP 2 line keeps verl's mode, no note."""
+    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.tensor_model_parallel_size=2", f"{RO}.name=vllm",
+                      f"trainer.device={device}")
+    assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size) == ("async", 2)
+    assert "sync mode" not in notes
 
 
 def test_single_turn_async_on_sglang_runs_in_sync_mode_with_a_note() -> None:
@@ -54,9 +54,22 @@ def test_async_that_server_mode_serves_is_kept() -> None:
     ],
 )
 def test_async_that_needs_server_mode_keeps_its_refusal(needs_server: list[str]) -> None:
-    """Tools, agent loops and asynchronous training need server replicas: TP 2 stays refused, not downgraded."""
-    problems = _problems(f"{RO}.mode=async", f"{RO}.tensor_model_parallel_size=2", f"{RO}.name=vllm", *needs_server)
-    assert any("tensor parallelism in server-mode (async) rollout replicas is not built" in p for p in problems)
+    """Tools, agent loops and asynchronous training need server replicas: on SGLang they stay refused, not
+    downgraded to sync mode."""
+    problems = _problems(f"{RO}.mode=async", f"{RO}.name=sglang", *needs_server)
+    assert any("server-mode (async) rollout on SGLang is not built" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    "needs_server",
+    [
+        [f"{RO}.multi_turn.enable=true"],
+        [f"{RO}.agent.agent_loop_config_path=/agents.yaml"],
+    ],
+)
+def test_async_that_needs_server_mode_runs_tensor_parallel_replicas(needs_server: list[str]) -> None:
+    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.tensor_model_parallel_size=2", f"{RO}.name=vllm", *needs_server)
+    assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.tensor_model_parallel_size) == ("async", 2)
 
 
 def test_multi_stage_wake_up_is_accepted_with_a_note_and_typed() -> None:

@@ -380,11 +380,6 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.mode: async serves rollouts from vLLM AsyncLLM replicas (rollout.name={ro.name}): "
             f"{verl_features.SGLANG_SERVER.message}"
         )
-    if ro.mode == "async" and cfg.trainer.device == "cuda" and ro.tensor_model_parallel_size > 1:
-        out.append(
-            f"{ROLLOUT}.tensor_model_parallel_size: {ro.tensor_model_parallel_size} requested: "
-            f"{verl_features.SERVER_TP.message}"
-        )
     if ro.mode == "sync" and (mt.enable or mt.tool_config_path or mt.interaction_config_path
                               or ro.agent.agent_loop_config_path):
         out.append(

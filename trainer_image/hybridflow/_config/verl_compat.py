@@ -141,9 +141,9 @@ def _single_turn_in_sync_mode(out: Translation) -> None:
     verl's default mode is async, and a verl line without a mode runs in sync mode here already: for single-turn
     prompts (no tools, agent loop, interactions or asynchronous training) both give the same samples, one request
     per response (verl's single-turn agent loop). An explicit mode=async says the same as verl's default, so where
-    HybridFlow's server replicas cannot serve it (they are vLLM with tensor_model_parallel_size=1 on GPU) the
-    line runs in sync mode, as a line without the key does, with a note; anything that needs server mode keeps
-    mode=async and its refusal.
+    HybridFlow's server replicas cannot serve it (they are vLLM, at any tensor_model_parallel_size: a line on
+    another engine) the line runs in sync mode, as a line without the key does, with a note; anything that needs
+    server mode keeps mode=async and its refusal.
     """
     rollout = _group(out.mapping, "actor_rollout_ref.rollout")
     if rollout is None or rollout.get("mode") != "async":
@@ -160,17 +160,13 @@ def _single_turn_in_sync_mode(out: Translation) -> None:
     if needs_server:
         return
     name = rollout.get("name", _field_default(("actor_rollout_ref", "rollout", "name")))
-    tp = rollout.get("tensor_model_parallel_size", _field_default(("actor_rollout_ref", "rollout", "tensor_model_parallel_size")))
-    device = (_group(out.mapping, "trainer") or {}).get("device", _field_default(("trainer", "device")))
-    why = (f"server replicas here are vLLM (rollout.name={_yaml(name)})" if name != "vllm" else
-           f"server replicas here have tensor_model_parallel_size=1 (got {_yaml(tp)})"
-           if device == "cuda" and isinstance(tp, int) and not isinstance(tp, bool) and tp > 1 else None)
-    if why is None:
+    if name == "vllm":
         return
     rollout["mode"] = "sync"
     out.notes.append(
         f"rollout.mode=async runs in sync mode: single-turn prompts give the same samples either way (verl's "
-        f"single-turn agent loop, one request per response) and {why}"
+        f"single-turn agent loop, one request per response) and server replicas here are vLLM "
+        f"(rollout.name={_yaml(name)})"
     )
 
 

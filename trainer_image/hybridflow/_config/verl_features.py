@@ -135,10 +135,6 @@ ROLLOUT_TP_NODES = Feature(
     "rollout_tp_nodes", "rollout tensor parallelism across nodes",
     "use a tensor_model_parallel_size that divides trainer.n_gpus_per_node", later=True,
 )
-SERVER_TP = Feature(
-    "server_tp", "tensor parallelism in server-mode (async) rollout replicas",
-    "use tensor_model_parallel_size=1 with mode=async (one replica per GPU), or mode=sync", later=True,
-)
 SGLANG_SERVER = Feature(
     "sglang_server", "server-mode (async) rollout on SGLang",
     "set actor_rollout_ref.rollout.name=vllm (CPU: `make vllm`), or mode=sync", later=True,
@@ -464,7 +460,7 @@ def all_features() -> list[Feature]:
     """Every feature of the table, once each, in table order."""
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
-    for feature in [*candidates, ROLLOUT_TP_NODES, SERVER_TP, SGLANG_SERVER, TOOL_FORMATS, CUSTOM_SERVER,
+    for feature in [*candidates, ROLLOUT_TP_NODES, SGLANG_SERVER, TOOL_FORMATS, CUSTOM_SERVER,
                     DISTILL_GKD, MULTI_TEACHER, CHAT_KWARGS_TOOLS]:
         if feature is not None:
             found.setdefault(feature.message, feature)
