@@ -14,6 +14,12 @@ What it does, following KubeRay v1's RayJob reconciler (ray-operator/controllers
 - deletion: the job is stopped (SIGTERM, SIGKILL 3 s later, as Ray's job manager does) and the
   finalizer is removed.
 
+The RayCluster's pods are kept as KubeRay and the kubelet keep them (`workers.py`): a head Pod, and for
+each worker group `replicas` Pods whose Ray worker nodes (`ray start --address=<head> --block`, the group's
+rayStartParams, e.g. a role's `rljob.role/<role>` resource) join the local head; the job is submitted once
+every pod is Running and Ready (KubeRay waits for the RayCluster's state `ready`); a worker node that is
+lost (`kill_worker`) is replaced by a new Pod with a new name; the pods go when the RayCluster goes.
+
 "Submitting the job" is what Ray's job supervisor does on the head node: run the entrypoint as a shell
 process with RAY_ADDRESS pointing at the cluster and the runtime env's `env_vars` set. The head pod's
 environment and mounts come first, resolved like the kubelet would (`pod.py`): ConfigMap/Secret
@@ -46,6 +52,7 @@ import yaml
 
 from e2e.local.pod import PodFields, PodNotReady, PodRoot, resolve_env
 from e2e.local.raycluster import RAY_ENV
+from e2e.local.workers import ClusterPods, WorkerNode
 from rljob_operator import names
 from rljob_operator.localrun import localize_entrypoint
 from tests.support.kube_emulator import KubeEmulator
@@ -123,18 +130,23 @@ class KubeRayStandIn:
     """Watches RayJobs in `kube` from a thread and runs them on the Ray cluster at `ray_address`."""
 
     def __init__(self, kube: KubeEmulator, ray_address: str, workdir: Path,
-                 env_overrides: Mapping[str, str] | None = None, poll_s: float = 0.5) -> None:
-        """`env_overrides` are set last in every driver's environment: what a pod has to itself but a
-        shared machine does not (e.g. the metrics port: every pod may listen on 8000, processes here may not).
+                 env_overrides: Mapping[str, str] | None = None, poll_s: float = 0.5,
+                 run_workers: bool = True) -> None:
+        """`env_overrides` are set last in every driver's (and worker node's) environment: what a pod has to
+        itself but a shared machine does not (e.g. the metrics port: every pod may listen on 8000, processes
+        here may not). `run_workers=False`: worker groups get no pods or Ray nodes (head only), for tests
+        without a Ray cluster at `ray_address`.
         """
         self.kube = kube
         self.ray_address = ray_address
         self.workdir = workdir
         self.env_overrides = dict(env_overrides or {})
         self.poll_s = poll_s
+        self.run_workers = run_workers
         #: Why a RayJob's head "pod" cannot start yet, by (namespace, name): what `kubectl describe pod` shows.
         self.waiting: dict[tuple[str, str], str] = {}
         self._drivers: dict[str, Driver] = {}  # by RayJob uid
+        self._pods: dict[tuple[str, str], ClusterPods] = {}  # by RayCluster (namespace, name)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = threading.Event()
@@ -162,6 +174,10 @@ class KubeRayStandIn:
         for driver in drivers:
             if driver.proc.poll() is None:
                 driver.kill()
+        with self._lock:
+            clusters, self._pods = list(self._pods.values()), {}
+        for pods in clusters:
+            pods.stop()
 
     # ---- what tests use --------------------------------------------------------------------------
     def driver(self, rayjob: str, namespace: str = "default") -> Driver:
@@ -178,6 +194,28 @@ class KubeRayStandIn:
         self.driver(rayjob, namespace).kill()
         self._wake.set()
 
+    def pods(self, rayjob: str, namespace: str = "default") -> ClusterPods:
+        """The pods of a RayJob's RayCluster (raises KeyError, saying which clusters have pods, when none)."""
+        cluster = ((self.kube.find(RAY, "rayjobs", rayjob, namespace) or {}).get("status") or {}).get("rayClusterName")
+        with self._lock:
+            found = self._pods.get((namespace, cluster or ""))
+            known = sorted(f"{ns}/{name}" for ns, name in self._pods)
+        if found is None:
+            raise KeyError(f"RayJob {namespace}/{rayjob} has no RayCluster with pods (cluster {cluster!r}); "
+                           f"clusters with pods: {known}")
+        return found
+
+    def kill_worker(self, rayjob: str, group: str, index: int = 0, namespace: str = "default") -> WorkerNode:
+        """Lose a worker pod: SIGKILL every process of the `index`-th Ray worker node of `group` in the RayJob's
+        RayCluster. The next sync does what KubeRay and the kubelet do: the Pod turns Failed and is deleted, and
+        a new Pod (a new name) starts a Ray worker node with the same resources. Returns the killed node."""
+        node = self.pods(rayjob, namespace).worker(group, index).node
+        assert node is not None
+        node.kill()
+        log.warning("RayJob %s/%s: killed worker pod %s (group %s)", namespace, rayjob, node.pod, group)
+        self._wake.set()
+        return node
+
     # ---- the loop --------------------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -193,6 +231,10 @@ class KubeRayStandIn:
                         log.exception("RayJob %s: API error", rayjob["metadata"]["name"])
                 except Exception:
                     log.exception("RayJob %s: stand-in error", rayjob["metadata"]["name"])
+            try:
+                self._sync_pods()
+            except Exception:
+                log.exception("stand-in error while keeping pods")
 
     def sync(self, rayjob: Obj) -> None:
         """One reconcile of one RayJob (KubeRay's state machine, one transition per call)."""
@@ -240,12 +282,20 @@ class KubeRayStandIn:
         cluster = status["rayClusterName"]
         self._ensure_cluster(rayjob, cluster)
         try:
+            pods = self._ensure_pods(rayjob, cluster)
+        except PodNotReady as err:
+            self._wait(key, f"a worker pod cannot start: {err}")
+            return
+        if not pods.ready():
+            desired, ready = pods.counts()
+            self._wait(key, pods.waiting or f"RayCluster {cluster}: {ready}/{desired} worker pods Running and Ready "
+                                            "(KubeRay submits the job once the cluster is ready)")
+            return
+        try:
             driver = self._submit(rayjob, cluster, status["jobId"])
         except PodNotReady as err:
             # KubeRay keeps waiting for the head pod; so do we (and say why, like `kubectl describe pod`).
-            if self.waiting.get(key) != str(err):
-                log.warning("RayJob %s/%s: head pod not ready: %s", *key, err)
-            self.waiting[key] = str(err)
+            self._wait(key, str(err))
             return
         except (RuntimeError, ValueError, yaml.YAMLError) as err:
             self._write(rayjob, {"jobDeploymentStatus": "Failed", "jobStatus": "FAILED", "reason": "AppFailed",
@@ -295,6 +345,12 @@ class KubeRayStandIn:
                              "rayJobInfo": None})
 
     # ---- pieces ----------------------------------------------------------------------------------
+    def _wait(self, key: tuple[str, str], why: str) -> None:
+        """Record why a RayJob cannot start yet (logged once per reason)."""
+        if self.waiting.get(key) != why:
+            log.warning("RayJob %s/%s: waiting: %s", *key, why)
+        self.waiting[key] = why
+
     def _write(self, rayjob: Obj, status: Obj) -> None:
         meta = rayjob["metadata"]
         log.info("RayJob %s/%s status %s", meta.get("namespace"), meta["name"],
@@ -314,9 +370,53 @@ class KubeRayStandIn:
                 "metadata": {"name": cluster, "namespace": ns, "labels": labels, "ownerReferences": [owner]},
                 "spec": rayjob["spec"]["rayClusterSpec"]}
         self.kube.create(RAY, "rayclusters", body, ns)
-        workers = sum(int(g.get("replicas", 0)) for g in rayjob["spec"]["rayClusterSpec"].get("workerGroupSpecs", []))
-        self.kube.patch_status(RAY, "rayclusters", cluster, {"state": "ready", "desiredWorkerReplicas": workers,
-                                                             "readyWorkerReplicas": workers}, ns)
+
+    def _ensure_pods(self, rayjob: Obj, cluster: str) -> ClusterPods:
+        """The RayCluster's pods (created on the first call), synced, with the cluster's status from them."""
+        ns = rayjob["metadata"].get("namespace", "default")
+        with self._lock:
+            pods = self._pods.get((ns, cluster))
+        if pods is None:
+            raycluster = self.kube.get(RAY, "rayclusters", cluster, ns)
+            pods = ClusterPods(self.kube, raycluster, self.ray_address, self.workdir / ns / cluster,
+                               lambda kind, name: self.kube.find("v1", _PLURALS[kind], name, ns),
+                               self._node_env, rfc3339, run_workers=self.run_workers)
+            with self._lock:
+                self._pods[(ns, cluster)] = pods
+            pods.create()
+        self._sync_cluster(pods)
+        return pods
+
+    def _sync_pods(self) -> None:
+        """Keep every RayCluster's pods (lost ones replaced); a RayCluster that is gone takes its nodes along."""
+        with self._lock:
+            clusters = list(self._pods.items())
+        for key, pods in clusters:
+            current = self.kube.find(RAY, "rayclusters", key[1], key[0])
+            if current is None or current["metadata"]["uid"] != pods.raycluster["metadata"]["uid"]:
+                with self._lock:
+                    self._pods.pop(key, None)
+                pods.stop()
+                continue
+            self._sync_cluster(pods)
+
+    def _sync_cluster(self, pods: ClusterPods) -> None:
+        """Sync the pods, then write the RayCluster's status from them when it changed (KubeRay's fields)."""
+        pods.sync()
+        desired, ready = pods.counts()
+        current = self.kube.find(RAY, "rayclusters", pods.name, pods.namespace)
+        if current is None:
+            return
+        was = current.get("status") or {}
+        # `state` turns ready once every pod is, and stays so while lost workers are replaced.
+        status = {"desiredWorkerReplicas": desired, "readyWorkerReplicas": ready, "availableWorkerReplicas": ready,
+                  "state": "ready" if pods.ready() or was.get("state") == "ready" else None}
+        if {k: was.get(k) for k in status} != status:
+            self.kube.patch_status(RAY, "rayclusters", pods.name, status, pods.namespace)
+
+    def _node_env(self, pod_env: dict[str, str]) -> dict[str, str]:
+        """A worker node's environment: the image's, the pod's, then what every process of this cluster needs."""
+        return {**_image_env(), **pod_env, **RAY_ENV, "PYTHONUNBUFFERED": "1", **self.env_overrides}
 
     def _delete_cluster_if_done(self, rayjob: Obj) -> None:
         if (rayjob.get("spec") or {}).get("shutdownAfterJobFinishes"):
@@ -326,7 +426,11 @@ class KubeRayStandIn:
         cluster = (rayjob.get("status") or {}).get("rayClusterName")
         ns = rayjob["metadata"].get("namespace", "default")
         if cluster and self.kube.find(RAY, "rayclusters", cluster, ns) is not None:
-            self.kube.delete(RAY, "rayclusters", cluster, ns)
+            self.kube.delete(RAY, "rayclusters", cluster, ns)  # its pods go with it (ownerReferences)
+        with self._lock:
+            pods = self._pods.pop((ns, cluster or ""), None)
+        if pods is not None:
+            pods.stop()
 
     def _stop(self, uid: str, wait: bool = False) -> None:
         with self._lock:
@@ -351,9 +455,7 @@ class KubeRayStandIn:
         root.mount_volumes(template["spec"], container, read)
         pod_env = resolve_env(container, PodFields(f"{cluster}-head-{random_suffix()}", ns), read)
         argv = localize_entrypoint(spec["entrypoint"], root.local(names.CONFIG_PATH), sys.executable)
-        image_env = {k: os.environ[k] for k in IMAGE_ENV if k in os.environ}
-        image_env["PATH"] = f"{Path(sys.executable).parent}:{image_env.get('PATH', '/usr/bin:/bin')}"
-        env = {**image_env, **pod_env, **runtime_env_vars(spec.get("runtimeEnvYAML")), **RAY_ENV,
+        env = {**_image_env(), **pod_env, **runtime_env_vars(spec.get("runtimeEnvYAML")), **RAY_ENV,
                "RAY_ADDRESS": self.ray_address, "PYTHONUNBUFFERED": "1", **self.env_overrides}
         cwd = root.local("/home/ray")
         cwd.mkdir(parents=True, exist_ok=True)
@@ -363,6 +465,13 @@ class KubeRayStandIn:
                                     start_new_session=True)
         log.info("RayJob %s/%s: submitted job %s: %s", ns, name, job_id, " ".join(argv))
         return Driver(name, ns, job_id, argv, env, log_path, proc)
+
+
+def _image_env() -> dict[str, str]:
+    """The "image's" variables: this machine's IMAGE_ENV, with this interpreter's bin folder first on PATH."""
+    image_env = {k: os.environ[k] for k in IMAGE_ENV if k in os.environ}
+    image_env["PATH"] = f"{Path(sys.executable).parent}:{image_env.get('PATH', '/usr/bin:/bin')}"
+    return image_env
 
 
 def runtime_env_vars(runtime_env_yaml: str | None) -> dict[str, str]:

@@ -23,6 +23,9 @@ from pathlib import Path
 
 #: Environment every process that talks to this cluster needs (the head itself and every driver).
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+#: The head's GCS declares a node dead after 3 missed 1 s health checks (~3 s) instead of Ray's default
+#: 5 x 3 s: a lost worker pod is noticed, and replaced, quickly enough for a short test.
+HEALTH_CHECK_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 HOST = "127.0.0.1"
 
 
@@ -33,7 +36,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _ray_cli() -> str:
+def ray_cli() -> str:
+    """The `ray` command of this interpreter's environment (else the one on PATH)."""
     exe = Path(sys.executable).with_name("ray")
     if exe.exists():
         return str(exe)
@@ -83,7 +87,7 @@ class LocalRayCluster:
             "--object-manager-port": free_port(),
         }
         return [
-            _ray_cli(), "start", "--head", "--block", "--node-ip-address", HOST,
+            ray_cli(), "start", "--head", "--block", "--node-ip-address", HOST,
             "--num-cpus", str(self.num_cpus), "--num-gpus", "0", "--include-dashboard=false",
             "--disable-usage-stats", "--temp-dir", str(self.temp_dir),
             # 256 MiB: the trainer moves small batches; Ray's default (30% of RAM) is far more than needed.
@@ -94,7 +98,7 @@ class LocalRayCluster:
     def start(self, timeout_s: float = 90.0) -> LocalRayCluster:
         """Start the head and wait until a driver can connect to it."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **RAY_ENV}
+        env = {**os.environ, **RAY_ENV, **HEALTH_CHECK_ENV}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)

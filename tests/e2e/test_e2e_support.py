@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import pathlib
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,16 @@ import yaml
 
 from e2e.local.kuberay import FINALIZER, KubeRayStandIn, runtime_env_vars
 from e2e.local.pod import PodFields, PodNotReady, PodRoot, expand, resolve_env
+from e2e.local.workers import (
+    HEAD_GROUP,
+    PORT_FLAGS,
+    ClusterPods,
+    build_pod,
+    pod_generate_name,
+    pod_status,
+    ray_start_argv,
+    start_params,
+)
 from rljob_operator import api, builders
 from rljob_operator.validation import check_rljob
 from tests.support.kube_emulator import KubeEmulator
@@ -109,7 +120,7 @@ def test_runtime_env_yaml() -> None:
 def cluster(tmp_path: pathlib.Path) -> Iterator[tuple[KubeEmulator, KubeRayStandIn]]:
     kube = KubeEmulator().start()
     # No Ray cluster: the drivers here exit on their config before they would connect to one.
-    standin = KubeRayStandIn(kube, "127.0.0.1:1", tmp_path / "kuberay", poll_s=0.2).start()
+    standin = KubeRayStandIn(kube, "127.0.0.1:1", tmp_path / "kuberay", poll_s=0.2, run_workers=False).start()
     try:
         yield kube, standin
     finally:
@@ -187,6 +198,142 @@ def test_created_suspended_never_runs(cluster: tuple[KubeEmulator, KubeRayStandI
     assert kube.list(RAY, "rayclusters") == []
     kube.patch(RAY, "rayjobs", name, {"spec": {"suspend": False}})
     wait_for(lambda: rayjob_status(kube, name).get("jobDeploymentStatus") == "Failed", "unsuspended, ran", 60)
+
+
+# ---- worker groups (workers.py) ------------------------------------------------------------------------
+
+ROLE_GROUP = {
+    "groupName": "rollout", "replicas": 1,
+    "rayStartParams": {"resources": '\'{"rljob.role/rollout": 1}\''},
+    "template": {"metadata": {"labels": {"rl.hybridflow.dev/role": "rollout", "ray.io/group": "wrong"}},
+                 "spec": {"containers": [{"name": "ray-worker", "resources": {
+                     "requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1500m", "memory": "2Gi"}}}]}},
+}  # fmt: skip
+
+
+def test_worker_pod_is_what_kuberay_builds() -> None:
+    raycluster = {"metadata": {"name": "job-a1-x2c4v", "namespace": "team", "uid": "u-1"}}
+    pod = build_pod(raycluster, "worker", "rollout", ROLE_GROUP["template"], ["ray", "start", "--block"])
+    assert pod["metadata"]["generateName"] == "job-a1-x2c4v-rollout-worker-"
+    assert pod["metadata"]["labels"] == {
+        "rl.hybridflow.dev/role": "rollout", "ray.io/cluster": "job-a1-x2c4v", "ray.io/node-type": "worker",
+        "ray.io/group": "rollout", "ray.io/is-ray-node": "yes", "ray.io/identifier": "job-a1-x2c4v-worker",
+        "app.kubernetes.io/name": "kuberay", "app.kubernetes.io/created-by": "kuberay-operator"}
+    assert pod["metadata"]["ownerReferences"] == [{"apiVersion": RAY, "kind": "RayCluster", "name": "job-a1-x2c4v",
+                                                   "uid": "u-1", "controller": True, "blockOwnerDeletion": True}]
+    assert pod["spec"]["containers"][0]["args"] == ["ulimit -n 65536; ray start --block"]
+    assert pod_generate_name("job-a1-x2c4v", "head", HEAD_GROUP) == "job-a1-x2c4v-head-"
+    assert pod_generate_name("x" * 60, "worker", "g") == "x" * 50 + "-worker-"  # KubeRay cuts the prefix at 50
+
+
+def test_worker_nodes_start_with_the_groups_params_and_free_ports(tmp_path: pathlib.Path) -> None:
+    params = start_params(ROLE_GROUP)
+    # KubeRay: num-cpus and memory from the limits (truncated), the group's own params as given
+    assert params == {"resources": '\'{"rljob.role/rollout": 1}\'', "num-cpus": "1", "memory": str(2 << 30)}
+    assert start_params({**ROLE_GROUP, "rayStartParams": {"num-cpus": "0"}})["num-cpus"] == "0"
+    argv = ray_start_argv("ray", "127.0.0.1:6379", {**params, "block": "true", "num-gpus": "0"}, tmp_path)
+    assert argv[:4] == ["ray", "start", "--address=127.0.0.1:6379", "--block"]
+    assert '--resources={"rljob.role/rollout": 1}' in argv  # unquoted as bash would
+    assert "--num-cpus=1" in argv and "--num-gpus=0" in argv and argv.count("--block") == 1
+    ports = [a for a in argv if a.split("=")[0].lstrip("-") in PORT_FLAGS]
+    assert len(ports) == len(PORT_FLAGS) and "--metrics-export-port=8080" not in ports
+
+
+def test_pod_status_reads_like_the_kubelets() -> None:
+    running = pod_status("ray-worker", "Running", since="t1", started="t0", restarts=2)
+    assert {c["type"]: c["status"] for c in running["conditions"]} == {
+        "PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True"}
+    (container,) = running["containerStatuses"]
+    assert (container["name"], container["ready"], container["restartCount"]) == ("ray-worker", True, 2)
+    assert container["state"] == {"running": {"startedAt": "t0"}}
+    failed = pod_status("ray-worker", "Failed", since="t2", started="t0", exit_code=137, finished="t2")
+    assert failed["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+    assert {c["type"]: c["status"] for c in failed["conditions"]}["Ready"] == "False"
+
+
+class Recorder:
+    """The emulator client, recording each pod's status writes (phase, or the waiting container's reason)."""
+
+    def __init__(self, kube: KubeEmulator) -> None:
+        self.kube = kube
+        self.phases: dict[str, list[str]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kube, name)
+
+    def patch_status(self, api_version: str, plural: str, name: str, status: dict[str, Any],
+                     namespace: str | None = "default") -> dict[str, Any]:
+        reason = ((status["containerStatuses"][0]["state"].get("waiting") or {}).get("reason"))
+        self.phases.setdefault(name, []).append(reason or status["phase"])
+        return self.kube.patch_status(api_version, plural, name, status, namespace)
+
+
+@pytest.fixture
+def raycluster() -> Iterator[tuple[Recorder, dict[str, Any]]]:
+    kube = KubeEmulator().start()
+    try:
+        spec = {"headGroupSpec": {"template": {"spec": {"containers": [{"name": "ray-head"}]}}},
+                "workerGroupSpecs": [ROLE_GROUP]}
+        cluster = kube.create(RAY, "rayclusters", {"metadata": {"name": "c-1"}, "spec": spec}, "default")
+        yield Recorder(kube), cluster
+    finally:
+        kube.stop()
+
+
+def _pods(api: Recorder, cluster: dict[str, Any], tmp_path: pathlib.Path, script: str) -> ClusterPods:
+    """The cluster's pods with `sh -c script` standing for `ray start` (no Ray needed)."""
+    return ClusterPods(api, cluster, "unused:1", tmp_path, lambda kind, name: None, lambda env: dict(env),
+                       lambda: "2026-01-01T00:00:00Z", command=lambda group, temp_dir: ["sh", "-c", script])
+
+
+def test_a_lost_worker_pod_fails_goes_and_is_replaced(raycluster: tuple[Recorder, dict[str, Any]],
+                                                     tmp_path: pathlib.Path) -> None:
+    api, cluster = raycluster
+    pods = _pods(api, cluster, tmp_path, "echo 'Ray runtime started.'; exec sleep 60")
+    try:
+        pods.create()
+        wait_for(lambda: (pods.sync(), pods.ready())[1], "the worker pod Running and Ready", 10)
+        first = pods.worker("rollout")
+        listed = {p["metadata"]["labels"]["ray.io/group"]: p for p in api.list("v1", "pods")}
+        assert sorted(listed) == ["headgroup", "rollout"]
+        assert listed["rollout"]["metadata"]["name"] == first.pod and listed["rollout"]["status"]["phase"] == "Running"
+        assert api.phases[first.pod] == ["ContainerCreating", "Running"]
+
+        assert first.node is not None
+        first.node.kill()
+        assert first.node.proc.poll() == -signal.SIGKILL
+        pods.sync()
+        second = pods.worker("rollout")
+        assert second.pod != first.pod and pods.replaced == [(first.pod, second.pod)]
+        assert api.phases[first.pod] == ["ContainerCreating", "Running", "Failed"]  # then deleted, as KubeRay does
+        assert api.find("v1", "pods", first.pod) is None
+        assert api.get("v1", "pods", second.pod)["metadata"]["labels"]["rl.hybridflow.dev/role"] == "rollout"
+        wait_for(lambda: (pods.sync(), pods.ready())[1], "the new pod Running and Ready", 10)
+        assert pods.counts() == (1, 1)
+        with pytest.raises(KeyError, match=r"worker groups: \['rollout'\]"):
+            pods.worker("trainer")
+    finally:
+        pods.stop()
+    assert api.list("v1", "pods") == []
+
+
+def test_a_node_that_never_comes_up_crash_loops_in_its_pod(raycluster: tuple[Recorder, dict[str, Any]],
+                                                          tmp_path: pathlib.Path) -> None:
+    api, cluster = raycluster
+    pods = _pods(api, cluster, tmp_path, "echo cannot reach the head; exit 3")
+    try:
+        pods.create()
+        slot = pods.worker("rollout")
+        wait_for(lambda: (pods.sync(), slot.restarts)[1] == 1, "the container restarting", 10)
+        pods.sync()
+        assert pods.worker("rollout").pod == slot.pod and not pods.ready()  # same pod: the kubelet restarts it
+        status = api.get("v1", "pods", slot.pod)["status"]
+        (container,) = status["containerStatuses"]
+        assert (container["restartCount"], container["state"]["waiting"]["reason"]) == (1, "CrashLoopBackOff")
+        assert container["lastState"]["terminated"]["exitCode"] == 3
+        assert pods.waiting is not None and "exited with 3" in pods.waiting and "cannot reach the head" in pods.waiting
+    finally:
+        pods.stop()
 
 
 # ---- the shared manifest ----------------------------------------------------------------------------
