@@ -20,7 +20,6 @@ BASE = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", 
         (0, 2, 4, [0, 1]),
         (1, 2, 4, [2, 3]),
         (1, 4, 8, [4, 5, 6, 7]),
-        (2, 2, 4, [0, 1]),  # an explicit rollout.replicas beyond slots // tp wraps around
         (0, 2, 2, [0, 1]),
     ],
 )
@@ -33,6 +32,36 @@ def test_a_tp_that_does_not_divide_the_pool_is_refused_with_the_fix() -> None:
         replica_slots(0, 4, 6)
 
 
+def test_a_replica_beyond_the_pool_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="replica 2 would need slots 4..5 of a rollout pool of 4 .* set "
+                                         "actor_rollout_ref.rollout.replicas to at most 2, or leave it null"):
+        replica_slots(2, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "problem"),
+    [
+        (["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+          "actor_rollout_ref.rollout.replicas=5"],
+         "actor_rollout_ref.rollout.replicas: 5 replicas x tensor_model_parallel_size 2 need 10 slots of the rollout "
+         "pool, which has 8 (trainer.nnodes x trainer.n_gpus_per_node); set it to at most 4, leave it null"),
+        (["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.replicas=3"],
+         "3 replicas x tensor_model_parallel_size 1 need 3 slots of the rollout pool, which has 2"),
+    ],
+)
+def test_more_replicas_than_the_pool_holds_are_refused_with_the_fix(overrides: list[str], problem: str) -> None:
+    from hybridflow.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [*BASE, *overrides]).validate_for_run()
+    assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_replicas_that_fill_the_pool_are_accepted() -> None:
+    load_config(None, [*BASE, "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                       "actor_rollout_ref.rollout.replicas=4"]).validate_for_run()
+
+
 @pytest.mark.parametrize(
     ("overrides", "world", "count"),
     [
@@ -41,7 +70,7 @@ def test_a_tp_that_does_not_divide_the_pool_is_refused_with_the_fix() -> None:
         (["trainer.device=cuda", "trainer.n_gpus_per_node=4", "trainer.nnodes=2",
           "actor_rollout_ref.rollout.tensor_model_parallel_size=4"], 8, 2),
         (["trainer.device=cuda", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-          "actor_rollout_ref.rollout.replicas=3"], 8, 3),
+          "actor_rollout_ref.rollout.replicas=3"], 8, 3),  # fewer than the pool holds: the other slots stay idle
         (["trainer.device=cpu", "trainer.n_gpus_per_node=2", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], 2, 1),
         (["trainer.device=cpu", "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"], 4, 1),
     ],

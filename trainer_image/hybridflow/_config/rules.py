@@ -380,6 +380,15 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.mode: async serves rollouts from vLLM AsyncLLM replicas (rollout.name={ro.name}): "
             f"{verl_features.SGLANG_SERVER.message}"
         )
+    slots = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if ro.mode == "async" and ro.replicas and ro.replicas * ro.tensor_model_parallel_size > slots:
+        out.append(
+            f"{ROLLOUT}.replicas: {ro.replicas} replicas x tensor_model_parallel_size {ro.tensor_model_parallel_size} "
+            f"need {ro.replicas * ro.tensor_model_parallel_size} slots of the rollout pool, which has {slots} "
+            f"(trainer.nnodes x trainer.n_gpus_per_node); set it to at most "
+            f"{max(1, slots // ro.tensor_model_parallel_size)}, leave it null (one per tensor-parallel group), or add "
+            "nodes"
+        )
     if ro.mode == "sync" and (mt.enable or mt.tool_config_path or mt.interaction_config_path
                               or ro.agent.agent_loop_config_path):
         out.append(

@@ -143,16 +143,24 @@ def replica_count(config: Any, world_size: int) -> int:
 
 
 def replica_slots(rank: int, tp: int, world_size: int) -> list[int]:
-    """The pool slots (global ranks, node by node) replica `rank` spans: tp consecutive ones. More replicas
-    than tensor-parallel groups (an explicit rollout.replicas) wrap around and share slots."""
+    """The pool slots (global ranks, node by node) replica `rank` spans: tp consecutive ones.
+
+    Each slot holds one replica share (the pool's max_colocate_count counts one for the rollout), so replicas
+    never share slots: one more would wait for Ray forever.
+    """
     if tp < 1 or world_size % tp:
         raise ValueError(
             f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} does not divide the rollout pool's "
             f"{world_size} slots, so a replica would not fit; use a tensor_model_parallel_size that divides "
             "trainer.n_gpus_per_node"
         )
-    start = (rank * tp) % world_size
-    return list(range(start, start + tp))
+    if (rank + 1) * tp > world_size:
+        raise ValueError(
+            f"rollout replica {rank} would need slots {rank * tp}..{(rank + 1) * tp - 1} of a rollout pool of "
+            f"{world_size} (tensor_model_parallel_size={tp} slots each); set actor_rollout_ref.rollout.replicas "
+            f"to at most {world_size // tp}, or leave it null"
+        )
+    return list(range(rank * tp, (rank + 1) * tp))
 
 
 class RolloutService:
