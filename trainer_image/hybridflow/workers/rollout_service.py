@@ -98,11 +98,11 @@ class RolloutReplica:
 class ReplicaSeat:
     """Holds a tensor-parallel replica's share of one of its slots beyond the first, and names the slot's GPUs."""
 
-    def devices(self) -> dict[str, Any]:
-        """The node and the GPU ids Ray gave this slot (none on CPU)."""
+    def gpus(self) -> list[str]:
+        """The GPU ids Ray gave this slot (none on CPU)."""
         import ray
 
-        return {"node": ray.get_runtime_context().get_node_id(), "gpus": [str(g) for g in ray.get_gpu_ids()]}
+        return [str(g) for g in ray.get_gpu_ids()]
 
 
 class RayReplicaClient:
@@ -191,9 +191,8 @@ class RolloutService:
                     f"{verl_features.ROLLOUT_TP_NODES.message}"
                 )
             seats = [seat.options(**options(i)).remote() for i in others]
-            found = ray.get([s.devices.remote() for s in seats])
+            peer_gpus = [gpu for ids in ray.get([s.gpus.remote() for s in seats]) for gpu in ids]
             self.seats.extend(seats)
-            peer_gpus = [gpu for d in found for gpu in d["gpus"]]
             self.replicas.append(remote.options(**options(first)).remote(config, rank, peer_gpus or None))
         ray.get([r.ready.remote() for r in self.replicas])
         self.events = EventLoopThread()
