@@ -14,6 +14,7 @@ ARITHMETIC = "toy/arithmetic"
 COPY = "toy/copy"
 COUNT = "toy/count"
 LOOKUP = "toy/lookup"
+CODE_ARITHMETIC = "toy/code_arithmetic"
 
 # At most 100 digits: Python refuses to parse integers of more than 4,300 digits (and no toy answer is long).
 _LEADING_INT_RE = re.compile(r"^\s*(-?\d{1,100})(?!\d)")
@@ -49,4 +50,15 @@ def score_lookup(solution_str: str, ground_truth: Any, extra_info: dict | None =
     return score_copy(final, ground_truth, extra_info)
 
 
-SCORERS = {ARITHMETIC: score_integer, COPY: score_copy, COUNT: score_integer, LOOKUP: score_lookup}
+def score_final_integer(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict[str, Any]:
+    """The code-tool task (`hybridflow.data.code_arithmetic`): the last assistant turn starts with the number.
+
+    The response decodes (special tokens skipped) as ``<tool_call>...</tool_call>\ntool\n413\nassistant\n413``
+    with a ChatML template, so the final answer is what follows the last ``assistant`` marker; a response of
+    one turn is all answer.
+    """
+    return score_integer(solution_str.rsplit("assistant", 1)[-1], ground_truth, extra_info)
+
+
+SCORERS = {ARITHMETIC: score_integer, COPY: score_copy, COUNT: score_integer, LOOKUP: score_lookup,
+           CODE_ARITHMETIC: score_final_integer}
