@@ -122,7 +122,8 @@ def find_losses(before: Mapping[str, PodView], now: Mapping[str, PodView]) -> li
     for uid, old in before.items():
         new = now.get(uid)
         if new is None:
-            losses.append(Loss(old.name, old.role, "was deleted (its node or the pod itself is gone)"))
+            if old.phase != "Failed":  # a Failed pod was counted when it failed; KubeRay then deletes it
+                losses.append(Loss(old.name, old.role, "was deleted (its node or the pod itself is gone)"))
         elif new.phase == "Failed" and old.phase != "Failed":
             why = f": {new.reason}" if new.reason else ""
             losses.append(Loss(old.name, old.role, f"failed{why}"))

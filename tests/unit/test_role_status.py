@@ -79,6 +79,9 @@ def test_losses_between_two_looks() -> None:
     losses = role_status.find_losses(before, after)
     assert [(x.pod, x.role) for x in losses] == [("a", "rollout"), ("b", "rollout"), ("c", "trainer")]
     assert "deleted" in losses[0].how and "Evicted" in losses[1].how and "restarted" in losses[2].how
+    # KubeRay deletes the Failed pod next: that is the same loss, not a second one
+    gone = {uid: v for uid, v in after.items() if v.name != "b"}
+    assert role_status.find_losses(after, gone) == []
 
 
 def _views(*pods: Obj) -> list[PodView]:
