@@ -8,7 +8,9 @@ the trainer only through the Secret named in `spec.checkpoint.secretRef`.
 
 Scenario 1: the job trains a few steps, checkpoints to S3 and ends Succeeded with its final checkpoint
 committed. Scenario 2: the Ray job is killed after a checkpoint; the operator starts attempt 2, whose
-trainer resumes from exactly that checkpoint and succeeds.
+trainer resumes from exactly that checkpoint and succeeds. Scenario 3: a multi-role job (trainer and rollout
+worker groups, each pod a Ray worker node run by the stand-in) loses its rollout pod mid-run; a new pod
+replaces it, the trainer's rollout replica restarts there, and the same attempt succeeds.
 """
 
 from __future__ import annotations
@@ -262,3 +264,79 @@ def _latest_step(stack: Stack, uri: str) -> int | None:
         return None
     finally:
         time.sleep(0.05)  # poll S3 fast (a step takes ~0.5 s), but not in a hot loop
+
+
+def test_lost_rollout_pod_is_replaced_without_restarting_the_attempt(stack: Stack) -> None:
+    """A multi-role job (trainer + rollout worker groups): the rollout role's pod is lost mid-run; KubeRay's
+    stand-in replaces it, the trainer's rollout replica restarts on the new node with the current weights, and
+    the attempt goes on to Succeeded."""
+    # 16 steps of ~0.3 s: status.progress lags the trainer by a few seconds, and the pod must be lost mid-run.
+    name, uri, total = "e2e-roles", f"s3://{BUCKET}/runs/e2e-roles", 16
+    path = write_manifest(stack, name, f"trainer.total_training_steps={total}", "trainer.save_freq=8",
+                          "trainer.placement=split", "actor_rollout_ref.rollout.name=vllm",
+                          "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.dtype=float32",
+                          "actor_rollout_ref.rollout.enforce_eager=true")
+    *docs, job = [json.loads(doc) for doc in path.read_text().split("\n---\n")]
+    # One CPU per pod: each role's Ray node advertises one (KubeRay's num-cpus from the container's limits).
+    job["spec"]["resources"]["cpu"] = "1"
+    job["spec"]["roles"] = {"rollout": {"replicas": 1}}
+    path.write_text(manifest.dump([*docs, job]))
+    stack.run_kubectl("apply", "--validate=false", "-f", str(path))
+    rayjob = f"{name}-a1"
+
+    stack.wait(name, lambda: stack.rayjob_status(rayjob).get("jobStatus") == "RUNNING", "the Ray job RUNNING")
+    cluster = stack.rayjob_status(rayjob)["rayClusterName"]
+    pods = {p["metadata"]["name"]: p for p in stack.kube.list("v1", "pods", labels=f"ray.io/cluster={cluster}")}
+    by_group = {p["metadata"]["labels"]["ray.io/group"]: p for p in pods.values()}
+    assert sorted(by_group) == ["headgroup", "rollout", "trainer"] and len(pods) == 3, sorted(pods)
+    for group, pod in by_group.items():
+        labels, status = pod["metadata"]["labels"], pod["status"]
+        assert labels["ray.io/node-type"] == ("head" if group == "headgroup" else "worker")
+        assert labels["ray.io/is-ray-node"] == "yes" and labels["app.kubernetes.io/managed-by"] == "rljob-operator"
+        assert (labels["rl.hybridflow.dev/rljob"], labels["rl.hybridflow.dev/attempt"]) == (name, "1")
+        assert pod["metadata"]["ownerReferences"][0]["kind"] == "RayCluster"
+        assert pod["metadata"]["ownerReferences"][0]["name"] == cluster
+        assert status["phase"] == "Running", status
+        assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+        container = "ray-head" if group == "headgroup" else "ray-worker"
+        assert [(c["name"], c["ready"], c["restartCount"]) for c in status["containerStatuses"]] == [(container, True, 0)]
+    assert by_group["rollout"]["metadata"]["labels"]["rl.hybridflow.dev/role"] == "rollout"
+    assert by_group["trainer"]["metadata"]["labels"]["rl.hybridflow.dev/role"] == "trainer"
+    assert by_group["rollout"]["metadata"]["name"].startswith(f"{cluster}-rollout-worker-")
+    assert '--resources={"rljob.role/rollout": 1}' in stack.kuberay.pods(rayjob).worker("rollout").node.argv
+
+    stack.wait(name, lambda: (stack.status(name).get("progress") or {}).get("step", 0) >= 1, "status.progress step 1")
+    lost = stack.kuberay.kill_worker(rayjob, "rollout")
+    assert "training finished" not in stack.kuberay.driver(rayjob).output(), \
+        "the run ended before the rollout pod was lost; give it more steps"
+
+    def replaced() -> dict[str, Any] | None:
+        found = stack.kube.list("v1", "pods", labels=f"ray.io/cluster={cluster},ray.io/group=rollout")
+        return found[0] if len(found) == 1 and found[0]["metadata"]["name"] != lost.pod else None
+
+    new = stack.wait(name, replaced, "a new rollout pod", timeout=60)
+    assert stack.kube.find("v1", "pods", lost.pod) is None
+    assert new["metadata"]["name"].startswith(f"{cluster}-rollout-worker-")
+    assert new["metadata"]["labels"]["rl.hybridflow.dev/role"] == "rollout"
+    stack.wait(name, lambda: stack.kube.get("v1", "pods", new["metadata"]["name"])["status"]["phase"] == "Running",
+               "the new rollout pod Running", timeout=60)
+    # The operator counts the loss against the rollout role and lets the attempt go on.
+    def roles() -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for r in stack.status(name).get("roles") or []}
+
+    stack.wait(name, lambda: roles().get("rollout", {}).get("restarts") == 1, "status.roles: the rollout role's restart",
+               timeout=60)
+    seen = roles()
+    assert (seen["rollout"]["desired"], seen["trainer"]["desired"], seen["trainer"]["restarts"]) == (1, 2, 0), seen
+    lost_events = [e["message"] for e in stack.kube.list("v1", "events", "default") if e.get("reason") == "PodLost"]
+    assert len(lost_events) == 1 and lost.pod in lost_events[0], lost_events
+
+    stack.wait(name, lambda: stack.status(name).get("phase") == "Succeeded", "RLJob phase Succeeded")
+    assert stack.status(name)["attempt"] == 1
+    assert stack.kube.find(RAY, "rayjobs", f"{name}-a2") is None
+    output = stack.kuberay.driver(rayjob).output()
+    assert steps_in_log(output) == list(range(1, total + 1)), output[-3000:]
+    assert "rollout replica 0 restarted and resynced" in output, output[-3000:]
+    assert checkpoint.find_latest_committed(uri) == total
+    stack.wait(name, lambda: not stack.kube.list("v1", "pods", labels=f"ray.io/cluster={cluster}"),
+               "the pods deleted with the RayCluster", timeout=30)
