@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -164,19 +165,21 @@ def _quantity(value: Any) -> float:
 
 
 def start_params(group: Obj) -> dict[str, str]:
-    """A worker group's `ray start` params as KubeRay completes them: num-cpus, memory and num-gpus from the
-    Ray container's limits (requests when there are no limits) unless rayStartParams set them."""
+    """A worker group's `ray start` params as KubeRay completes them (generateRayStartCommand): num-cpus from
+    the Ray container's CPU limit (its request when there is no limit), memory and num-gpus (a resource whose
+    name ends in "gpu") from its limits, each only when rayStartParams do not set it; Go's Quantity.Value()
+    rounds up."""
     params = {str(k): str(v) for k, v in (group.get("rayStartParams") or {}).items()}
     resources = group["template"]["spec"]["containers"][0].get("resources") or {}
-    amounts = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    if "num-cpus" not in params and "cpu" in amounts:
-        params["num-cpus"] = str(int(_quantity(amounts["cpu"])))  # KubeRay truncates fractional CPUs
-    if "memory" not in params and "memory" in amounts:
-        params["memory"] = str(int(_quantity(amounts["memory"])))
-    if "num-gpus" not in params:
-        gpus = [v for k, v in amounts.items() if k.endswith("gpu") and _quantity(v) > 0]
-        if gpus:
-            params["num-gpus"] = str(int(_quantity(gpus[0])))
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    cpu = limits.get("cpu") or requests.get("cpu")
+    if "num-cpus" not in params and cpu:
+        params["num-cpus"] = str(math.ceil(_quantity(cpu)))
+    if "memory" not in params and limits.get("memory"):
+        params["memory"] = str(math.ceil(_quantity(limits["memory"])))
+    gpus = [v for k, v in limits.items() if k.endswith("gpu") and _quantity(v) > 0]
+    if "num-gpus" not in params and gpus:
+        params["num-gpus"] = str(math.ceil(_quantity(gpus[0])))
     return params
 
 

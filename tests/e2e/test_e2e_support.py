@@ -228,13 +228,16 @@ def test_worker_pod_is_what_kuberay_builds() -> None:
 
 def test_worker_nodes_start_with_the_groups_params_and_free_ports(tmp_path: pathlib.Path) -> None:
     params = start_params(ROLE_GROUP)
-    # KubeRay: num-cpus and memory from the limits (truncated), the group's own params as given
-    assert params == {"resources": '\'{"rljob.role/rollout": 1}\'', "num-cpus": "1", "memory": str(2 << 30)}
+    # KubeRay: num-cpus and memory from the limits (rounded up, as Go's Quantity.Value), the group's own params as given
+    assert params == {"resources": '\'{"rljob.role/rollout": 1}\'', "num-cpus": "2", "memory": str(2 << 30)}
     assert start_params({**ROLE_GROUP, "rayStartParams": {"num-cpus": "0"}})["num-cpus"] == "0"
+    requests_only = {"groupName": "g", "template": {"spec": {"containers": [{"name": "ray-worker", "resources": {
+        "requests": {"cpu": "3", "memory": "1Gi", "nvidia.com/gpu": "1"}}}]}}}
+    assert start_params(requests_only) == {"num-cpus": "3"}  # memory and GPUs come from limits only
     argv = ray_start_argv("ray", "127.0.0.1:6379", {**params, "block": "true", "num-gpus": "0"}, tmp_path)
     assert argv[:4] == ["ray", "start", "--address=127.0.0.1:6379", "--block"]
     assert '--resources={"rljob.role/rollout": 1}' in argv  # unquoted as bash would
-    assert "--num-cpus=1" in argv and "--num-gpus=0" in argv and argv.count("--block") == 1
+    assert "--num-cpus=2" in argv and "--num-gpus=0" in argv and argv.count("--block") == 1
     ports = [a for a in argv if a.split("=")[0].lstrip("-") in PORT_FLAGS]
     assert len(ports) == len(PORT_FLAGS) and "--metrics-export-port=8080" not in ports
 
