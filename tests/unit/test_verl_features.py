@@ -219,3 +219,32 @@ def test_the_docs_page_names_every_feature_and_accepted_key() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "verl_compat.md").read_text()
     assert all(f"`{f.name}`" in text for f in verl_features.all_features())
     assert all(f"`{k.pattern}`" in text for k in (*verl_features.KEYS, *verl_features.NO_EFFECT_FIELDS))
+
+
+@pytest.mark.parametrize("spelling", ["bfloat16", "torch.bfloat16", "bf16", "BFloat16"])
+def test_model_torch_dtype_is_the_load_dtype_of_the_groups_that_load_that_model(spelling: str) -> None:
+    cfg = load_config(None, [f"actor_rollout_ref.model.torch_dtype={spelling}"])
+    arr = cfg.actor_rollout_ref
+    assert (arr.actor.fsdp_config.model_dtype, arr.ref.fsdp_config.model_dtype) == ("bf16", "bf16")
+    assert cfg.critic.model.fsdp_config.model_dtype == "fp32"  # the critic loads its own model (critic.model)
+    (note,) = cfg.verl_notes
+    assert note == (
+        f"actor_rollout_ref.model.torch_dtype={spelling} is verl's load dtype: set "
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=bf16, actor_rollout_ref.ref.fsdp_config.model_dtype=bf16"
+    )
+    assert "torch_dtype" not in str(cfg.to_dict())
+
+
+def test_model_torch_dtype_keeps_an_agreeing_explicit_model_dtype_and_refuses_a_contradiction() -> None:
+    cfg = load_config(None, ["critic.model.torch_dtype=float32", "critic.model.fsdp_config.model_dtype=fp32"])
+    assert cfg.critic.model.fsdp_config.model_dtype == "fp32" and cfg.verl_notes == []
+    # the reference keeps its own explicit dtype; the actor gets verl's
+    cfg = load_config(None, ["actor_rollout_ref.model.torch_dtype=float16", "actor_rollout_ref.ref.fsdp_config.model_dtype=fp16"])
+    assert (cfg.actor_rollout_ref.actor.fsdp_config.model_dtype, cfg.actor_rollout_ref.ref.fsdp_config.model_dtype) == (
+        "fp16", "fp16")
+    assert _problems(["actor_rollout_ref.model.torch_dtype=bfloat16", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp32"]) == [
+        "actor_rollout_ref.model.torch_dtype: bfloat16 contradicts actor_rollout_ref.actor.fsdp_config.model_dtype='fp32' "
+        "(both set the dtype that model is loaded in); keep only one, or give both the same dtype"
+    ]
+    (problem,) = _problems(["actor_rollout_ref.model.torch_dtype=auto"])
+    assert problem.startswith("actor_rollout_ref.model.torch_dtype: 'auto' is not a dtype HybridFlow loads models in; use ")

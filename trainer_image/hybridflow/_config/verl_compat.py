@@ -1,4 +1,4 @@
-"""verl spellings translated before validation: accepted no-op keys, `optim.clip_grad`, global micro-batches.
+"""verl spellings translated before validation: no-op keys, `optim.clip_grad`, `model.torch_dtype`, micro-batches.
 
 `translate(mapping)` returns the mapping HybridFlow's models read, the notes to print once at start-up
 (keys accepted without effect, deprecated keys converted) and the problems found on the way. Keys the
@@ -38,6 +38,8 @@ def translate(mapping: dict[str, Any]) -> Translation:
     _single_turn_in_sync_mode(out)
     for group in (ACTOR, "critic"):
         _clip_grad(out, group)
+    for spec in _TORCH_DTYPES:
+        _torch_dtype(out, spec)
     for deprecated in _DEPRECATED:
         _global_micro_batch(out, deprecated)
     return out
@@ -191,6 +193,83 @@ def _clip_grad(out: Translation, group: str) -> None:
         )
         return
     role["grad_clip"] = value
+
+
+# ------------------------------------------------------------------------------ model.torch_dtype
+
+
+@dataclass(frozen=True)
+class _TorchDtype:
+    """verl's `<model>.torch_dtype` and the FSDP groups whose `fsdp_config.model_dtype` loads that model here."""
+
+    model: str
+    groups: tuple[str, ...]
+
+
+_TORCH_DTYPES = (
+    # actor_rollout_ref.model is the actor's and the reference's model (both load it)
+    _TorchDtype("actor_rollout_ref.model", (ACTOR, "actor_rollout_ref.ref")),
+    _TorchDtype("critic.model", ("critic.model",)),
+)
+
+#: verl's spellings of a dtype (torch names, with or without `torch.`, and the short ones) -> HybridFlow's.
+_DTYPE_NAMES = {
+    "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp32": "fp32", "float32": "fp32", "float": "fp32",
+}
+
+
+def _dtype_name(value: Any) -> str | None:
+    """HybridFlow's short dtype name for a verl/torch spelling (`torch.bfloat16`, `bfloat16`, `bf16`), else None."""
+    if not isinstance(value, str):
+        return None
+    return _DTYPE_NAMES.get(value.strip().lower().removeprefix("torch."))
+
+
+def _torch_dtype(out: Translation, spec: _TorchDtype) -> None:
+    """verl's `<model>.torch_dtype` (the dtype the Hugging Face model is loaded in) is `fsdp_config.model_dtype` here.
+
+    Set on every group that loads that model unless the group sets model_dtype itself; a group whose own
+    model_dtype names another dtype is a contradiction (refused, with both keys named).
+    """
+    model = _group(out.mapping, spec.model)
+    if model is None or "torch_dtype" not in model:
+        return
+    value = model.pop("torch_dtype")
+    where = f"{spec.model}.torch_dtype"
+    name = _dtype_name(value)
+    if name is None:
+        out.problems.append(
+            f"{where}: {shorten(value)} is not a dtype HybridFlow loads models in; use bfloat16, float16 or float32 "
+            f"(or set <role>.fsdp_config.model_dtype: bf16, fp16, fp32)"
+        )
+        return
+    set_on: list[str] = []
+    for group_path in spec.groups:
+        fsdp = _ensure_group(out.mapping, f"{group_path}.fsdp_config")
+        if fsdp is None:
+            continue  # not a mapping: validation reports it
+        explicit = fsdp.get("model_dtype")
+        if explicit is None:
+            fsdp["model_dtype"] = name
+            set_on.append(f"{group_path}.fsdp_config.model_dtype")
+        elif _dtype_name(explicit) != name:
+            out.problems.append(
+                f"{where}: {value} contradicts {group_path}.fsdp_config.model_dtype={shorten(explicit)} (both set the "
+                f"dtype that model is loaded in); keep only one, or give both the same dtype"
+            )
+    if set_on:
+        out.notes.append(f"{where}={value} is verl's load dtype: set " + ", ".join(f"{key}={name}" for key in set_on))
+
+
+def _ensure_group(mapping: dict[str, Any], dotted_path: str) -> dict[str, Any] | None:
+    """The mapping at a dotted path, created empty where missing; None when a value on the way is not a mapping."""
+    node: Any = mapping
+    for part in dotted_path.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.setdefault(part, {})
+    return node if isinstance(node, dict) else None
 
 
 # ------------------------------------------------------------------------ global micro-batch sizes

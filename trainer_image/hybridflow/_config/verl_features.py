@@ -172,9 +172,6 @@ LOGGERS = Feature(
     "use trainer.logger console, file, tensorboard ($TENSORBOARD_DIR sets its folder), wandb, mlflow or prometheus",
     later=True,
 )
-DTYPE_KEY = Feature(
-    "model_dtype_key", "verl's model.torch_dtype", "remove it; set <role>.fsdp_config.model_dtype (bf16, fp32) instead",
-)
 DISTILL_GKD = Feature(
     "distill_gkd", "GKD on-policy distillation (use_policy_gradient=false: the divergence back-propagated as a loss)",
     "set distillation.distillation_loss.use_policy_gradient=true (-D_t as the per-token advantage; loss_mode=k1 as in "
@@ -300,8 +297,6 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.model.fsdp_config.use_orig_params", None, note=_NO_EFFECT_FSDP1),
     *_each(_POLICY_ROLES, "fsdp_config.strategy", feature=MEGATRON, accepts=("fsdp", "fsdp2"),
            note="fsdp and fsdp2 both run on the FSDP2 engine here"),
-    VerlKey("actor_rollout_ref.model.torch_dtype", DTYPE_KEY),
-    VerlKey("critic.model.torch_dtype", DTYPE_KEY),
     VerlKey("distillation.enable_resource_pool", DISTILL_POOL, accepts=(False,),
             note="false: the teacher shares the trainer's devices, as here"),
     VerlKey("distillation.teacher_models.*.inference", None,
