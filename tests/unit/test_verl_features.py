@@ -72,7 +72,6 @@ def test_every_feature_message_says_not_supported_or_not_yet_and_what_to_do() ->
         ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy: verl's Megatron-LM backend"),
         ("reward_model.ulysses_sequence_parallel_size=2",
          "Ulysses sequence parallelism for the reward model (size > 1) is not built"),
-        ("actor_rollout_ref.model.enable_activation_offload=true", "verl's activation offload"),
         ("data.image_key=images", "data.image_key: multimodal (image/video) input is not built in HybridFlow yet"),
         ("critic.model.lora_rank=32", "critic.model.lora_rank: LoRA for the critic (critic.model.lora_*) is not built"),
         ("actor_rollout_ref.model.lora.rank=32", "actor_rollout_ref.model.lora: verl's Megatron LoRA section"),
@@ -248,3 +247,14 @@ def test_model_torch_dtype_keeps_an_agreeing_explicit_model_dtype_and_refuses_a_
     ]
     (problem,) = _problems(["actor_rollout_ref.model.torch_dtype=auto"])
     assert problem.startswith("actor_rollout_ref.model.torch_dtype: 'auto' is not a dtype HybridFlow loads models in; use ")
+
+
+def test_activation_offload_is_a_field_noted_as_without_effect_on_cpu_only() -> None:
+    on_cpu = load_config(None, ["actor_rollout_ref.model.enable_activation_offload=true", "trainer.device=cpu"])
+    assert on_cpu.actor_rollout_ref.model.enable_activation_offload
+    assert on_cpu.verl_notes == [
+        "actor_rollout_ref.model.enable_activation_offload=true has no effect with trainer.device=cpu: activations are "
+        "in host memory already"
+    ]
+    on_gpu = load_config(None, ["critic.model.enable_activation_offload=true"])
+    assert on_gpu.critic.model.enable_activation_offload and on_gpu.verl_notes == []

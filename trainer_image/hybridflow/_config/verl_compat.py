@@ -40,6 +40,7 @@ def translate(mapping: dict[str, Any]) -> Translation:
         _clip_grad(out, group)
     for spec in _TORCH_DTYPES:
         _torch_dtype(out, spec)
+    _activation_offload_on_cpu(out)
     for deprecated in _DEPRECATED:
         _global_micro_batch(out, deprecated)
     return out
@@ -270,6 +271,23 @@ def _ensure_group(mapping: dict[str, Any], dotted_path: str) -> dict[str, Any] |
             return None
         node = node.setdefault(part, {})
     return node if isinstance(node, dict) else None
+
+
+# ---------------------------------------------------------------------- model.enable_activation_offload
+
+
+def _activation_offload_on_cpu(out: Translation) -> None:
+    """`model.enable_activation_offload=true` with trainer.device=cpu changes nothing (activations are in host memory
+    already): said once at start-up, as verl keys accepted without effect are."""
+    device = (_group(out.mapping, "trainer") or {}).get("device", _field_default(("trainer", "device")))
+    if device != "cpu":
+        return
+    for model in ("actor_rollout_ref.model", "critic.model"):
+        if (_group(out.mapping, model) or {}).get("enable_activation_offload") is True:
+            out.notes.append(
+                f"{model}.enable_activation_offload=true has no effect with trainer.device=cpu: activations are in "
+                "host memory already"
+            )
 
 
 # ------------------------------------------------------------------------ global micro-batch sizes

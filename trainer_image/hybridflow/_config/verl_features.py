@@ -85,11 +85,6 @@ ULYSSES = Feature(
     "scores with micro_batch_size_per_gpu or use_dynamic_bsz)",
     later=True,
 )
-MEMORY_SAVERS = Feature(
-    "memory_savers", "verl's activation offload (model.enable_activation_offload)",
-    "remove it; use model.enable_gradient_checkpointing, actor.entropy_checkpointing, model.use_fused_kernels and a "
-    "smaller micro-batch",
-)
 MULTIMODAL = Feature(
     "multimodal", "multimodal (image/video) input",
     "HybridFlow trains text-only models: remove the image/video keys and use a text dataset", later=True,
@@ -216,10 +211,6 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.optim.lr_decay_style", MEGATRON_OPTIM),
     VerlKey("reward_model.ulysses_sequence_parallel_size", ULYSSES, accepts=(1,),
             note="1 means no sequence parallelism, as here"),
-    VerlKey("actor_rollout_ref.model.enable_activation_offload", MEMORY_SAVERS, accepts=(False,),
-            note="false: activations stay on the device, as here"),
-    VerlKey("critic.model.enable_activation_offload", MEMORY_SAVERS, accepts=(False,),
-            note="false: activations stay on the device, as here"),
     VerlKey("data.image_key", MULTIMODAL),
     VerlKey("data.video_key", MULTIMODAL),
     VerlKey("data.process_multi_modal_inputs_in_dataset", MULTIMODAL),

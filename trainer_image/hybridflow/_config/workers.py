@@ -52,6 +52,14 @@ _LIGER_DOC = (
 )
 
 
+_ACTIVATION_OFFLOAD_DOC = (
+    "Move the activations autograd saves in the training forward to host memory, and back for backward "
+    "(torch.autograd.graph.save_on_cpu, pinned on CUDA): less device memory, the same numbers, some copy time. "
+    "Trained models only (the reference has no backward). No effect on CPU, where activations are in host memory "
+    "already (said at start-up)."
+)
+
+
 class ModelConfig(Section):
     """The policy model (also the starting point of the reference model)."""
 
@@ -68,6 +76,7 @@ class ModelConfig(Section):
     enable_gradient_checkpointing: bool = Field(
         default=True, description="Recompute activations in backward to save memory."
     )
+    enable_activation_offload: bool = Field(default=False, description=_ACTIVATION_OFFLOAD_DOC)
     override_config: dict[str, Any] = Field(
         default_factory=dict, description="Keys overriding the model's Hugging Face config."
     )
@@ -425,6 +434,7 @@ class CriticModelConfig(Section):
     enable_gradient_checkpointing: bool = Field(
         default=True, description="Recompute activations in backward."
     )
+    enable_activation_offload: bool = Field(default=False, description=_ACTIVATION_OFFLOAD_DOC)
     override_config: dict[str, Any] = Field(
         default_factory=dict, description="Hugging Face config overrides."
     )

@@ -256,44 +256,45 @@ class PPOActor:
                 global_units = self.engine.all_reduce_sum(loss_units(mask_all, mode))
                 for idx in plan_micro_batches(mini, micro_batch_size, max_token_len, self.engine.max_over_ranks):
                     micro = mini.select_idxs(idx)
-                    b = micro.batch
-                    device = self.engine.device
-                    mask = b["response_mask"].to(device)
-                    log_prob, entropy_tok = self.response_log_probs(
-                        micro, temperature, with_entropy=entropy_coeff != 0 or on_policy, entropy_grad=entropy_coeff != 0
-                    )
-                    old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"].to(device)
-                    rollout_log_probs = b["rollout_log_probs"].to(device) if "rollout_log_probs" in b else None
-                    pg_loss, pg_metrics = policy_loss_fn(
-                        old_log_prob=old_log_prob,
-                        log_prob=log_prob,
-                        advantages=b["advantages"].to(device),
-                        response_mask=mask,
-                        loss_agg_mode=mode,
-                        config=cfg,
-                        rollout_log_probs=rollout_log_probs,
-                        rollout_is_weights=b["rollout_is_weights"].to(device) if "rollout_is_weights" in b else None,
-                    )
-                    loss = pg_loss
-                    metrics: dict[str, Any] = {"actor/pg_loss": pg_loss.detach(), **pg_metrics}
-                    if rollout_log_probs is not None and epoch == 0:
-                        metrics.update(rollout_mismatch_metrics(old_log_prob, rollout_log_probs, mask))
-                    if entropy_coeff != 0 and entropy_tok is not None:
-                        entropy = agg_loss(entropy_tok, mask, mode)
-                        loss = loss - entropy_coeff * entropy
-                        metrics["actor/entropy"] = entropy.detach()
-                    elif on_policy and entropy_tok is not None:  # no old-log-prob pass logged the entropy: log it here
-                        with torch.no_grad():
-                            metrics["actor/entropy"] = agg_loss(entropy_tok.detach(), mask, "token-mean")
-                    if use_kl:
-                        kld = kl_penalty(log_prob, b["ref_log_prob"].to(device), kl_type)
-                        kl_loss = agg_loss(kld, mask, mode)
-                        loss = loss + kl_coef * kl_loss
-                        metrics["actor/kl_loss"] = kl_loss.detach()
-                        metrics["actor/kl_coef"] = kl_coef
-                    scale = accumulation_scale(loss_units(mask, mode), global_units, self.engine.world_size)
-                    (loss * scale).backward()
-                    acc.add(metrics)
+                    with self.engine.training_step():  # model.enable_activation_offload
+                        b = micro.batch
+                        device = self.engine.device
+                        mask = b["response_mask"].to(device)
+                        log_prob, entropy_tok = self.response_log_probs(
+                            micro, temperature, with_entropy=entropy_coeff != 0 or on_policy, entropy_grad=entropy_coeff != 0
+                        )
+                        old_log_prob = log_prob.detach() if on_policy else b["old_log_probs"].to(device)
+                        rollout_log_probs = b["rollout_log_probs"].to(device) if "rollout_log_probs" in b else None
+                        pg_loss, pg_metrics = policy_loss_fn(
+                            old_log_prob=old_log_prob,
+                            log_prob=log_prob,
+                            advantages=b["advantages"].to(device),
+                            response_mask=mask,
+                            loss_agg_mode=mode,
+                            config=cfg,
+                            rollout_log_probs=rollout_log_probs,
+                            rollout_is_weights=b["rollout_is_weights"].to(device) if "rollout_is_weights" in b else None,
+                        )
+                        loss = pg_loss
+                        metrics: dict[str, Any] = {"actor/pg_loss": pg_loss.detach(), **pg_metrics}
+                        if rollout_log_probs is not None and epoch == 0:
+                            metrics.update(rollout_mismatch_metrics(old_log_prob, rollout_log_probs, mask))
+                        if entropy_coeff != 0 and entropy_tok is not None:
+                            entropy = agg_loss(entropy_tok, mask, mode)
+                            loss = loss - entropy_coeff * entropy
+                            metrics["actor/entropy"] = entropy.detach()
+                        elif on_policy and entropy_tok is not None:  # no old-log-prob pass logged the entropy: log it here
+                            with torch.no_grad():
+                                metrics["actor/entropy"] = agg_loss(entropy_tok.detach(), mask, "token-mean")
+                        if use_kl:
+                            kld = kl_penalty(log_prob, b["ref_log_prob"].to(device), kl_type)
+                            kl_loss = agg_loss(kld, mask, mode)
+                            loss = loss + kl_coef * kl_loss
+                            metrics["actor/kl_loss"] = kl_loss.detach()
+                            metrics["actor/kl_coef"] = kl_coef
+                        scale = accumulation_scale(loss_units(mask, mode), global_units, self.engine.world_size)
+                        (loss * scale).backward()
+                        acc.add(metrics)
                 acc.add({"actor/lr": self.engine.current_lr()})
                 acc.add({"actor/grad_norm": self.engine.optimizer_step()})
         self._updates += 1

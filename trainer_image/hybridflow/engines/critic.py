@@ -71,20 +71,21 @@ class PPOCritic:
                 global_units = self.engine.all_reduce_sum(loss_units(mini.batch["response_mask"], mode))
                 for idx in plan_micro_batches(mini, micro_batch_size, max_token_len, self.engine.max_over_ranks):
                     micro = mini.select_idxs(idx)
-                    b = micro.batch
-                    device = self.engine.device
-                    mask = b["response_mask"].to(device)
-                    vpreds = response_values(self.engine, micro)
-                    vf_loss, vf_clipfrac = compute_value_loss(
-                        vpreds=vpreds,
-                        returns=b["returns"].to(device),
-                        values=b["values"].to(device),
-                        response_mask=mask,
-                        cliprange_value=clip,
-                        loss_agg_mode=mode,
-                    )
-                    scale = accumulation_scale(loss_units(mask, mode), global_units, self.engine.world_size)
-                    (vf_loss * scale).backward()
+                    with self.engine.training_step():  # model.enable_activation_offload
+                        b = micro.batch
+                        device = self.engine.device
+                        mask = b["response_mask"].to(device)
+                        vpreds = response_values(self.engine, micro)
+                        vf_loss, vf_clipfrac = compute_value_loss(
+                            vpreds=vpreds,
+                            returns=b["returns"].to(device),
+                            values=b["values"].to(device),
+                            response_mask=mask,
+                            cliprange_value=clip,
+                            loss_agg_mode=mode,
+                        )
+                        scale = accumulation_scale(loss_units(mask, mode), global_units, self.engine.world_size)
+                        (vf_loss * scale).backward()
                     acc.add(
                         {
                             "critic/vf_loss": vf_loss.detach(),
