@@ -404,6 +404,18 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
         )
     if ro.agent.custom_async_server.get("path"):
         out.append(f"{ROLLOUT}.agent.custom_async_server: {verl_features.CUSTOM_SERVER.message}")
+    if ro.over_sample_rate > 0 and ro.mode == "sync":
+        out.append(
+            f"{ROLLOUT}.over_sample_rate: {ro.over_sample_rate:g} cuts the slowest trajectories of a batch in server "
+            f"mode, where each is a request that can be aborted; a sync-mode batch is one generate call. Set "
+            f"{ROLLOUT}.mode=async, or over_sample_rate=0"
+        )
+    if ro.over_sample_rate > 0 and cfg.async_training.enabled:
+        out.append(
+            f"{ROLLOUT}.over_sample_rate: {ro.over_sample_rate:g} cuts the tail of a synchronous batch; with "
+            f"async_training.mode={cfg.async_training.mode} generation streams whole groups while the trainer trains, "
+            f"so slow trajectories do not hold a step back. Set over_sample_rate=0, or async_training.mode=sync"
+        )
     return out
 
 

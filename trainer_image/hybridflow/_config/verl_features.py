@@ -246,8 +246,6 @@ KEYS: tuple[VerlKey, ...] = (
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.*._target_", note="a verl dataclass path"),
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler._target_", note="a verl dataclass path"),
     VerlKey("global_profiler._target_", None, note="a verl dataclass path"),
-    VerlKey("actor_rollout_ref.rollout.over_sample_rate", ROLLOUT_EXTRAS, accepts=(0, 0.0),
-            note="0: every request runs to completion, as here"),
     VerlKey("actor_rollout_ref.rollout.multi_stage_wake_up", ROLLOUT_EXTRAS, accepts=(False, True),
             note="a peak-memory option (wake the weights, sync them, then the KV cache): the vLLM engine here always "
             "wakes in those stages (sync mode), SGLang and server replicas resume weights and KV cache together; "

@@ -266,6 +266,16 @@ class SamplingConfig(Section):
     do_sample: bool = Field(default=False, description="Sample (true) or decode greedily (false).")
 
 
+def _check_over_sample_rate(value: float) -> float:
+    """over_sample_rate is a share of the batch left to cut: 0 <= rate < 1 (1 would cut every trajectory)."""
+    if not 0 <= value < 1:
+        raise ValueError(
+            f"{value:g} is not in [0, 1): it is the share of a batch's trajectories cut once the others are complete "
+            "(0.1 cuts the slowest 10%); use 0 to let every trajectory finish"
+        )
+    return value
+
+
 class RolloutConfig(Section):
     """Generation engine and sampling for training rollouts."""
 
@@ -333,6 +343,14 @@ class RolloutConfig(Section):
     engine_kwargs: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Extra engine arguments by engine name, e.g. {vllm: {swap_space: 4}}.",
+    )
+    over_sample_rate: Annotated[float, AfterValidator(_check_over_sample_rate)] = Field(
+        default=0.0,
+        description="verl's early termination of a training batch's rollout (server mode): once (1 - over_sample_rate) "
+        "x the batch's trajectories are complete, the rest are cut (their engine requests aborted); a cut trajectory "
+        "keeps the tokens it had, is counted in agent/aborted and agent/over_sample_cut/mean, has response_mask 0 "
+        "everywhere and no reward, and is left out of its group's advantage baseline. In [0, 1); 0: every trajectory "
+        "runs to completion. Validation batches are never cut.",
     )
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig, description="Validation sampling.")
     profiler: RoleProfilerConfig = Field(default_factory=RoleProfilerConfig, description=PROFILER_DOC)

@@ -5,7 +5,9 @@ output keys and shapes (`hybridflow.rollout.base`), so `fit()` does not care whi
 Differences a multi-turn trajectory brings: `attention_mask` is 1 on every response token (tool turns
 included) while `response_mask` is 1 on model tokens only; `rollout_log_probs` are 0 off the mask.
 Trajectories run concurrently on one event loop owned by the manager (a background thread), bounded
-by `rollout.agent.max_concurrency`; each row picks its loop by `agent_name`. Ray-free.
+by `rollout.agent.max_concurrency`; each row picks its loop by `agent_name`. With `rollout.over_sample_rate`
+a training batch's slowest trajectories are cut once the others are complete (`hybridflow.agent.over_sample`).
+Ray-free.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from hybridflow import yamlio
 from hybridflow.agent.base import AgentLoopOutput, AsyncServerClient, get_agent_loop, register_factory
+from hybridflow.agent.over_sample import CUT_KEY, CutOffGate, finish_or_cut, mark_cut, trajectories_to_keep
 from hybridflow.agent.stream import TOKEN_VERSIONS, versions_tensor
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.token_io import resolve_sampling, with_validation_sampling
@@ -112,6 +115,10 @@ class AgentLoopManager:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
         self.events = events or EventLoopThread()
+        # rollout.over_sample_rate: loops (and the OpenAI endpoint) reach the router through a gate that can cut a batch
+        self.over_sample_rate = float(rollout.over_sample_rate)
+        self.gate = CutOffGate(server) if self.over_sample_rate > 0 else None
+        self.client: AsyncServerClient = self.gate or server
         self._openai: Any = None
         self._openai_lock = asyncio.Lock()
 
@@ -141,15 +148,24 @@ class AgentLoopManager:
         params["do_sample"] = not params.pop("greedy")
         return params
 
+    def cuts(self, meta: dict[str, Any]) -> bool:
+        """Whether over-sampling may cut this batch: a training batch of samples (not validation, not ReMax's greedy
+        baseline), with rollout.over_sample_rate > 0."""
+        return self.gate is not None and not meta.get("validate", False) and meta.get("do_sample", True) is not False
+
     async def _run_all(self, prompts: DataProto, sampling: dict[str, Any]) -> list[AgentLoopOutput]:
         limit = asyncio.Semaphore(self.config.actor_rollout_ref.rollout.agent.max_concurrency)
         fields = [k for k in prompts.non_tensor_batch if k not in SAMPLE_FIELDS_SKIPPED]
 
+        def prompt_ids(i: int) -> list[int]:
+            if "raw_prompt_ids" in prompts.non_tensor_batch:
+                return list(prompts.non_tensor_batch["raw_prompt_ids"][i])
+            mask = prompts.batch["attention_mask"][i].bool()
+            return prompts.batch["input_ids"][i][mask].tolist()
+
         async def one(i: int) -> AgentLoopOutput:
             sample = {k: prompts.non_tensor_batch[k][i] for k in fields}
-            if "raw_prompt_ids" not in sample:
-                mask = prompts.batch["attention_mask"][i].bool()
-                sample["raw_prompt_ids"] = prompts.batch["input_ids"][i][mask].tolist()
+            sample.setdefault("raw_prompt_ids", prompt_ids(i))
             name = str(sample.get("agent_name") or self.default_loop)
             loop = self._build(name)
             versions: list[int] = []
@@ -159,13 +175,22 @@ class AgentLoopManager:
             out.extra_fields.setdefault("token_versions", versions)
             return out
 
-        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+        if not self.cuts(prompts.meta_info):
+            return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+        assert self.gate is not None
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(prompts))]
+        try:
+            cut = await finish_or_cut(tasks, trajectories_to_keep(len(tasks), self.over_sample_rate), self.gate)
+        finally:
+            self.gate.reopen()
+        return [mark_cut(None if task.cancelled() else task.result(), prompt_ids(i)) if cut[i] else task.result()
+                for i, task in enumerate(tasks)]
 
     def _build(self, name: str) -> Any:
         """A loop instance; every loop is offered the manager's shared resources (the tools of
         `multi_turn.tool_config_path`, the interactions of `multi_turn.interaction_config_path`, the
         OpenAI-compatible endpoint) and takes what it uses."""
-        return get_agent_loop(name)(self.config, self.server, self.tokenizer, tools=self.tools,
+        return get_agent_loop(name)(self.config, self.client, self.tokenizer, tools=self.tools,
                                     interactions=self.interactions, openai_endpoint=self.openai_endpoint)
 
     async def openai_endpoint(self) -> Any:
@@ -175,7 +200,7 @@ class AgentLoopManager:
         async with self._openai_lock:
             if self._openai is None:
                 agent = self.config.actor_rollout_ref.rollout.agent
-                server = OpenAIServer(self.server, self.tokenizer, host=agent.openai_host, port=agent.openai_port,
+                server = OpenAIServer(self.client, self.tokenizer, host=agent.openai_host, port=agent.openai_port,
                                       tool_format=self.config.actor_rollout_ref.rollout.multi_turn.format,
                                       default_max_tokens=self.response_length)
                 await server.start()
@@ -231,6 +256,8 @@ class AgentLoopManager:
             tensors["rollout_versions"] = versions_tensor(recorded, response_mask)
         non_tensors = dict(prompts.non_tensor_batch)
         non_tensors["num_turns"] = np.array([o.num_turns for o in outputs], dtype=np.int64)
+        if self.cuts(prompts.meta_info):  # every batch over-sampling may cut has the key (batches concatenate)
+            non_tensors[CUT_KEY] = np.array([bool(o.extra_fields.get(CUT_KEY)) for o in outputs], dtype=bool)
         if any("turn_scores" in o.extra_fields for o in outputs):
             # interactions' turn scores reach the reward function as extra_info["turn_scores"]
             old = non_tensors.get("extra_info")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybridflow.agent.over_sample import CUT_KEY
 from hybridflow.algorithms import get_adv_estimator_fn, kl_penalty, masked_mean, preference_pairs
 from hybridflow.algorithms.distillation import (
     compute_distillation_advantages,
@@ -55,13 +56,36 @@ def estimator_non_tensors(batch: DataProto) -> dict[str, Any]:
     return ntb
 
 
+def advantage_groups(batch: DataProto) -> np.ndarray:
+    """The group id of each row for the advantage estimator: its prompt's `uid`, except that a trajectory cut by
+    over-sampling (rollout.over_sample_rate, `over_sample_cut`) is a group of its own.
+
+    Why not keep a cut row in its group with reward 0 (what padding it as an empty response amounts to in verl):
+    it was cut for being slow, not for being wrong, and its reward is unknown. A 0 would lower the group's
+    baseline and give its finished members a higher advantage for being faster than the cut one, a length bias
+    the reward never asked for; and in a group where every finished response scored the same, it would make
+    advantages that are not there. Alone in its group the cut row gets advantage 0 from every estimator that
+    centres on the group (and its response_mask is 0 anyway), and the group's mean and std are those of its
+    finished responses. A group left with one finished response is a group of one (GRPO: advantage = its score,
+    verl's rule for single responses).
+    """
+    uid = np.asarray(batch.non_tensor_batch["uid"], dtype=object)
+    cut = batch.non_tensor_batch.get(CUT_KEY)
+    if cut is None or not np.any(cut):
+        return uid
+    groups = uid.copy()
+    for i in np.flatnonzero(np.asarray(cut, dtype=bool)):
+        groups[i] = f"{uid[i]}#over_sample_cut{i}"
+    return groups
+
+
 def compute_advantage(batch: DataProto, algorithm_cfg: Any, actor_cfg: Any = None) -> DataProto:
     """Fill `advantages` and `returns` with the configured estimator; every estimator gets the same call."""
     estimator = get_adv_estimator_fn(algorithm_cfg.adv_estimator)
     advantages, returns = estimator(
         token_level_rewards=batch.batch["token_level_rewards"],
         response_mask=response_mask_of(batch),
-        index=batch.non_tensor_batch["uid"],
+        index=advantage_groups(batch),
         values=batch.batch.get("values"),
         reward_baselines=batch.batch.get("reward_baselines"),
         gamma=algorithm_cfg.gamma,
