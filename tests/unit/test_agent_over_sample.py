@@ -17,7 +17,14 @@ import torch
 
 from hybridflow.agent.base import AgentLoopOutput, TokenOutput
 from hybridflow.agent.manager import AgentLoopManager
-from hybridflow.agent.over_sample import CUT_KEY, CutOffGate, finish_or_cut, mark_cut, trajectories_to_keep
+from hybridflow.agent.over_sample import (
+    CUT_KEY,
+    CutOffGate,
+    cut_output,
+    finish_or_cut,
+    mark_cut,
+    trajectories_to_keep,
+)
 from hybridflow.config import ConfigError, load_config
 from hybridflow.data.dataset import collate_fn
 from hybridflow.data.toy import build_toy_tokenizer
@@ -127,14 +134,20 @@ def test_a_cut_trajectory_between_requests_ends_at_its_next_one_and_a_hung_one_i
             await asyncio.sleep(3600)
             raise AssertionError("not cancelled")
 
-        tasks = [asyncio.ensure_future(c()) for c in (quick, tool_then_generate, hung)]
+        async def fails_on_abort() -> AgentLoopOutput:
+            await asyncio.sleep(0.05)
+            out = await gate.generate(request_id="d", prompt_ids=[1], sampling_params={"max_tokens": 2})
+            raise RuntimeError(f"this loop did not expect {out.finish_reason}")
+
+        tasks = [asyncio.ensure_future(c()) for c in (quick, tool_then_generate, hung, fails_on_abort)]
         cut = await finish_or_cut(tasks, keep=1, gate=gate, grace_s=0.2)
         after = await gate.generate(request_id="c", prompt_ids=[1], sampling_params={"max_tokens": 2})
-        return cut, [None if t.cancelled() else t.result() for t in tasks], after
+        return cut, [cut_output(t) if c else t.result() for t, c in zip(tasks, cut, strict=True)], after
 
     cut, outputs, after = asyncio.run(main())
-    assert cut == [False, True, True]
+    assert cut == [False, True, True, True] and outputs[0].response_ids == [5, 5]
     assert outputs[1].response_ids == [] and outputs[2] is None  # answered "abort" at once; cancelled after the grace
+    assert outputs[3] is None  # failed once cut: kept empty
     assert after.finish_reason == "abort" and after.token_ids == []  # the gate stays shut until reopened
     empty = mark_cut(outputs[2], [7, 8])
     assert (empty.prompt_ids, empty.response_ids, empty.response_mask) == ([7, 8], [], [])

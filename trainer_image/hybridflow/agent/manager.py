@@ -23,7 +23,14 @@ import torch
 
 from hybridflow import yamlio
 from hybridflow.agent.base import AgentLoopOutput, AsyncServerClient, get_agent_loop, register_factory
-from hybridflow.agent.over_sample import CUT_KEY, CutOffGate, finish_or_cut, mark_cut, trajectories_to_keep
+from hybridflow.agent.over_sample import (
+    CUT_KEY,
+    CutOffGate,
+    cut_output,
+    finish_or_cut,
+    mark_cut,
+    trajectories_to_keep,
+)
 from hybridflow.agent.stream import TOKEN_VERSIONS, versions_tensor
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.token_io import resolve_sampling, with_validation_sampling
@@ -183,8 +190,7 @@ class AgentLoopManager:
             cut = await finish_or_cut(tasks, trajectories_to_keep(len(tasks), self.over_sample_rate), self.gate)
         finally:
             self.gate.reopen()
-        return [mark_cut(None if task.cancelled() else task.result(), prompt_ids(i)) if cut[i] else task.result()
-                for i, task in enumerate(tasks)]
+        return [mark_cut(cut_output(task), prompt_ids(i)) if cut[i] else task.result() for i, task in enumerate(tasks)]
 
     def _build(self, name: str) -> Any:
         """A loop instance; every loop is offered the manager's shared resources (the tools of

@@ -22,11 +22,14 @@ Ray-free.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any
 
 from hybridflow.agent.base import AgentLoopOutput, TokenOutput
+
+logger = logging.getLogger(__name__)
 
 #: How long cut trajectories get to return the tokens they have before their tasks are cancelled.
 CUT_GRACE_S = 5.0
@@ -102,6 +105,19 @@ async def finish_or_cut(tasks: Sequence[asyncio.Task[AgentLoopOutput]], keep: in
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
     return cut
+
+
+def cut_output(task: asyncio.Task[AgentLoopOutput]) -> AgentLoopOutput | None:
+    """What a cut trajectory's task returned: None when it was cancelled, or failed once cut (a loop that does not
+    expect an aborted generation; logged, the trajectory is dropped from training anyway)."""
+    if task.cancelled():
+        return None
+    error = task.exception()
+    if error is not None:
+        logger.warning("a trajectory cut by rollout.over_sample_rate failed after its cut (%s: %s); it is kept empty",
+                       type(error).__name__, error)
+        return None
+    return task.result()
 
 
 def mark_cut(out: AgentLoopOutput | None, prompt_ids: list[int]) -> AgentLoopOutput:
