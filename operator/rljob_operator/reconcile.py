@@ -88,11 +88,17 @@ async def ensure_configmap(client: KubeClient, desired: Obj) -> Obj:
     return await client.patch("v1", "configmaps", meta["namespace"], meta["name"], patch)
 
 
-async def ensure_rayjob(client: KubeClient, desired: Obj, existing: Obj | None, suspend: bool | None) -> tuple[Obj, bool]:
-    """Create the attempt's RayJob unless it exists; align `spec.suspend`. Returns (RayJob, created)."""
-    meta = desired["metadata"]
+async def ensure_rayjob(client: KubeClient, desired: Obj | None, existing: Obj | None,
+                        suspend: bool | None) -> tuple[Obj, bool]:
+    """Create the attempt's RayJob unless it exists; align `spec.suspend`. Returns (RayJob, created).
+
+    `desired` may be None when `existing` is given (nothing is created then)."""
+    source = desired if desired is not None else existing
+    assert source is not None, "ensure_rayjob needs the desired RayJob when none exists"
+    meta = source["metadata"]
     created = False
     if existing is None:
+        assert desired is not None
         try:
             existing, created = await client.create(desired), True
         except KubeApiError as err:
@@ -154,24 +160,15 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     if plan.delete_config_map:
         await delete_configmap(client, ns, names.config_map_name(name))
     if plan.attempt is not None or plan.smoke:
-        model = api.RLJob.model_validate(rljob)
-        if plan.checkpoint_uri is not None:  # a change of the location is refused: keep the pinned one
-            model.spec.checkpoint.uri = plan.checkpoint_uri
-        mine: Callable[[Obj], bool]
-        if plan.smoke:
-            configmap, rayjob = build_smoke_children(model, plan.annotations, default_image=default_image,
-                                                     pod_defaults=pod_defaults)
-            mine = is_smoke_run
-        else:
-            attempt = plan.attempt
-            assert attempt is not None  # a plan ensures the children of an attempt or of the smoke run
-            configmap, rayjob = build_children(model, attempt, plan.annotations, default_image=default_image,
-                                               pod_defaults=pod_defaults)
-            mine = _of_attempt(attempt)
+        mine: Callable[[Obj], bool] = is_smoke_run if plan.smoke else _of_attempt(int(plan.attempt or 0))
         existing = next((r for r in owned if mine(r)), None)
-        # The ConfigMap is (re)applied when an attempt starts or the spec changed, not on every event.
+        # The ConfigMap is (re)applied when an attempt starts or the spec changed, not on every event; the
+        # children are only built then (dumping the trainer config is most of a reconcile's CPU).
         if existing is None or meta.get("generation") != (rljob.get("status") or {}).get("observedGeneration"):
+            configmap, rayjob = _build(rljob, plan, default_image, pod_defaults)
             await ensure_configmap(client, configmap)
+        else:
+            rayjob = None  # the RayJob exists: at most its spec.suspend is aligned
         current, created = await ensure_rayjob(client, rayjob, existing, plan.suspend)
         if created and plan.smoke:
             created_smoke = True
@@ -205,6 +202,21 @@ async def reconcile(client: KubeClient, rljob: Obj, rayjobs: list[Obj], now: dat
     for event in plan.events:
         await client.post_event(rljob, event.type, event.reason, event.message, now)
     return plan, rljob
+
+
+def _build(rljob: Obj, plan: Plan, default_image: str, pod_defaults: api.PodSpec | None) -> tuple[Obj, Obj]:
+    """The ConfigMap and RayJob the plan asks for (the smoke run's or the attempt's)."""
+    model = api.RLJob.model_validate(rljob)
+    if plan.checkpoint_uri is not None:  # a change of the location is refused: keep the pinned one
+        model.spec.checkpoint.uri = plan.checkpoint_uri
+    if plan.smoke:
+        configmap, rayjob = build_smoke_children(model, plan.annotations, default_image=default_image,
+                                                 pod_defaults=pod_defaults)
+    else:
+        assert plan.attempt is not None  # a plan ensures the children of an attempt or of the smoke run
+        configmap, rayjob = build_children(model, plan.attempt, plan.annotations, default_image=default_image,
+                                           pod_defaults=pod_defaults)
+    return configmap, rayjob
 
 
 def _of_attempt(attempt: int) -> Callable[[Obj], bool]:

@@ -251,7 +251,7 @@ def _condition(expression: str, variables: dict[str, Any]) -> bool:
     """One matchCondition: its CEL expression must give a bool."""
     if kube_schema.celpy is None:
         raise RuntimeError("cel-python is not installed (the dev extra has it)")
-    result = kube_schema._program(expression).evaluate({k: kube_schema.celpy.json_to_cel(v) for k, v in variables.items()})
+    result = kube_schema._program(expression).evaluate(kube_schema.cel_activation(expression, variables))
     if not isinstance(result, kube_schema.celpy.celtypes.BoolType):
         raise ValueError(f"{expression!r} gave {result!r}, not a bool")
     return bool(result)

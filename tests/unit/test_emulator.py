@@ -152,6 +152,41 @@ def test_dependent_created_after_its_owner_is_gone_is_collected(kube: KubeEmulat
     assert call(kube, "GET", CMS + "/late-child")[0] == 404
     assert call(kube, "POST", CMS, cm("ownerless"))[0] == 201
     assert call(kube, "GET", CMS + "/ownerless")[0] == 200
+    # an owner of the same name but another uid (deleted and created again) is not the owner
+    again = call(kube, "POST", RLJOBS, rljob())[1]
+    assert call(kube, "POST", CMS, cm("stale-owner", ownerReferences=[ref]))[0] == 201
+    assert call(kube, "GET", CMS + "/stale-owner")[0] == 404
+    live = {**ref, "uid": again["metadata"]["uid"]}
+    assert call(kube, "POST", CMS, cm("owned", ownerReferences=[live]))[0] == 201
+    assert call(kube, "GET", CMS + "/owned")[0] == 200
+
+
+def test_crd_cel_rules_refuse_what_they_say(kube: KubeEmulator) -> None:
+    """The CRD's x-kubernetes-validations run on create (the API server's wording), reading what each rule reads."""
+    status, err = call(kube, "POST", RLJOBS, rljob("Bad_Name"))
+    assert status == 422 and "must be a DNS-1035 label" in err["message"]
+    status, err = call(kube, "POST", RLJOBS, rljob("both", queueName="a", scheduling={"scheduler": "kueue", "queue": "a"}))
+    assert status == 422 and "queueName: is the deprecated form of spec.scheduling" in err["message"]
+    status, err = call(kube, "POST", RLJOBS, rljob("long-" + "x" * 60))
+    assert status == 422 and "too long" in err["message"]
+    assert call(kube, "POST", RLJOBS, rljob("fine", queueName="a"))[0] == 201
+
+
+def test_cel_activation_converts_only_the_paths_a_rule_reads() -> None:
+    from tests.support.kube_schema import _program, cel_activation
+
+    obj = {"metadata": {"name": "ab", "labels": {"x": "y"}},
+           "spec": {"runPolicy": {"backoffLimit": 3, "other": 1}, "config": {"big": list(range(100))}}}
+    rule = ("size(self.metadata.name) + (has(self.spec.runPolicy) && has(self.spec.runPolicy.backoffLimit) ? "
+            "self.spec.runPolicy.backoffLimit : 3) < 10")
+    activation = cel_activation(rule, {"self": obj, "unused": obj})
+    assert set(activation) == {"self"}
+    assert set(activation["self"]) == {"metadata", "spec"} and set(activation["self"]["spec"]) == {"runPolicy"}
+    assert set(activation["self"]["metadata"]) == {"name"}
+    assert bool(_program(rule).evaluate(activation)) is True
+    # a method call is not a field; a bare use keeps everything
+    assert set(cel_activation("self.metadata.name.matches('^a')", {"self": obj})["self"]["metadata"]) == {"name"}
+    assert set(cel_activation("size(self) == 2", {"self": obj})["self"]) == {"metadata", "spec"}
 
 
 def read_watch(kube: KubeEmulator, query: str, out: list[dict[str, Any]],
