@@ -94,6 +94,8 @@ def prune_and_default(value: Any, schema: dict[str, Any], path: str, unknown: li
     return value
 
 
+#: No stored value at this path (a create, or a field the stored object lacks).
+_ABSENT = object()
 _OLD_SELF = re.compile(r"\boldSelf\b")
 #: One CEL environment and one compiled program per rule text, for the whole process: building the
 #: environment (its parser) takes ~2 s, so it is built once, on the first rule evaluated.
@@ -191,10 +193,14 @@ class CelRules:
         if isinstance(schema.get("items"), dict):
             self._collect(schema["items"], f"{path}[]")
 
-    def problems(self, value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
-        """Each failed rule as `<path>: Invalid value: "<type>": <message>` (the API server's wording)."""
+    def problems(self, value: Any, schema: dict[str, Any], path: str = "", old: Any = _ABSENT) -> list[str]:
+        """Each failed rule as `<path>: Invalid value: "<type>": <message>` (the API server's wording).
+
+        `old`: the stored object on an update. As with the API server's validation ratcheting (GA in Kubernetes
+        1.33), a subtree equal to the stored one is not checked again: a status write re-checks no spec rule.
+        """
         out: list[str] = []
-        if not self._rules:
+        if not self._rules or (old is not _ABSENT and value == old):
             return out
         for entry in schema.get("x-kubernetes-validations") or []:
             program = self._compile().get(entry["rule"])
@@ -212,15 +218,22 @@ class CelRules:
         if isinstance(value, dict):
             props = schema.get("properties") or {}
             extra = schema.get("additionalProperties")
+            olds = old if isinstance(old, dict) else {}
             for key, sub in value.items():
                 if key in props:
-                    out += self.problems(sub, props[key], f"{path}.{key}")
+                    out += self.problems(sub, props[key], f"{path}.{key}", olds.get(key, _ABSENT))
                 elif isinstance(extra, dict):
-                    out += self.problems(sub, extra, f"{path}.{key}")
+                    out += self.problems(sub, extra, f"{path}.{key}", olds.get(key, _ABSENT))
         elif isinstance(value, list) and isinstance(schema.get("items"), dict):
             for i, item in enumerate(value):
                 out += self.problems(item, schema["items"], f"{path}[{i}]")
         return out
+
+
+def _cel_view(body: dict[str, Any], obj: dict[str, Any]) -> dict[str, Any]:
+    """What CEL sees at the root: the object, with metadata.name and generateName only (the API server's rule)."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    return {**body, "metadata": {k: meta[k] for k in ("name", "generateName") if k in meta}}
 
 
 class SchemaChecker:
@@ -236,8 +249,11 @@ class SchemaChecker:
         self._validator = jsonschema.Draft7Validator(json_schema)
         self.cel = CelRules(openapi_schema)
 
-    def apply(self, obj: dict[str, Any], strict: bool = False) -> tuple[dict[str, Any], list[str]]:
-        """Return the pruned, defaulted object and a list of problems (empty when it is valid)."""
+    def apply(self, obj: dict[str, Any], strict: bool = False,
+              old: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+        """Return the pruned, defaulted object and a list of problems (empty when it is valid).
+
+        `old`: the stored object on an update (CEL rules ratchet: unchanged subtrees are not re-checked)."""
         body = {k: v for k, v in obj.items() if k not in _ROOT_FIELDS}
         schema = {**self.openapi,
                   "properties": {k: v for k, v in self.openapi.get("properties", {}).items()
@@ -253,7 +269,6 @@ class SchemaChecker:
         result.update(cleaned)
         if not problems:
             # At the root CEL sees metadata.name and generateName only (the API server's rule).
-            meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-            visible = {**result, "metadata": {k: meta[k] for k in ("name", "generateName") if k in meta}}
-            problems = self.cel.problems(visible, self.openapi)
+            problems = self.cel.problems(_cel_view(result, obj), self.openapi,
+                                         old=_ABSENT if old is None else _cel_view(old, old))
         return result, problems

@@ -247,10 +247,10 @@ class Store:
         for listener in self.listeners:
             listener()
 
-    def _check_schema(self, rt: ResourceType, obj: Obj, strict: bool) -> Obj:
+    def _check_schema(self, rt: ResourceType, obj: Obj, strict: bool, old: Obj | None = None) -> Obj:
         if rt.checker is None:
             return obj
-        cleaned, problems = rt.checker.apply(obj, strict=strict)
+        cleaned, problems = rt.checker.apply(obj, strict=strict, old=old)
         if problems:
             name = obj.get("metadata", {}).get("name", "")
             raise ApiError(422, "Invalid", f'{rt.kind}.{rt.group} "{name}" is invalid: ' + "; ".join(problems))
@@ -352,7 +352,7 @@ class Store:
                 if fixed in old["metadata"]:
                     meta[fixed] = old["metadata"][fixed]
             merged["apiVersion"], merged["kind"] = rt.api_version, rt.kind
-            merged = self._check_schema(rt, merged, strict)
+            merged = self._check_schema(rt, merged, strict, old=old)
             if merged == {**old, "apiVersion": rt.api_version}:
                 return self._present(rt, old)  # a no-op write does not bump resourceVersion
             if any(merged.get(k) != old.get(k) for k in set(merged) | set(old) if k not in _SKIP_FOR_GENERATION):

@@ -172,6 +172,18 @@ def test_crd_cel_rules_refuse_what_they_say(kube: KubeEmulator) -> None:
     assert call(kube, "POST", RLJOBS, rljob("fine", queueName="a"))[0] == 201
 
 
+def test_cel_rules_ratchet_on_unchanged_subtrees(kube: KubeEmulator) -> None:
+    """As the API server's validation ratcheting: an update re-checks the rules of what changed only."""
+    assert call(kube, "POST", RLJOBS, rljob("old", queueName="a"))[0] == 201
+    with kube.store.lock:  # stored before a (hypothetical) rule existed: both fields set
+        stored = next(o for (_, p, _, n), o in kube.store.objects.items() if p == "rljobs" and n == "old")
+        stored["spec"]["scheduling"] = {"scheduler": "kueue", "queue": "a"}
+    kube.patch_status("rl.hybridflow.dev/v1alpha1", "rljobs", "old", {"phase": "Running"})  # spec unchanged: fine
+    status, err = call(kube, "PATCH", RLJOBS + "/old", {"spec": {"suspend": True}},
+                       "application/merge-patch+json")
+    assert status == 422 and "queueName: is the deprecated form" in err["message"]  # spec changed: checked
+
+
 def test_cel_activation_converts_only_the_paths_a_rule_reads() -> None:
     from tests.support.kube_schema import _program, cel_activation
 
