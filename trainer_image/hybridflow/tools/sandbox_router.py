@@ -25,10 +25,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from http.server import ThreadingHTTPServer
 
-from hybridflow.tools.sandbox_server import MAX_BODY_BYTES
+from hybridflow.tools.sandbox_server import MAX_BODY_BYTES, JSONHandler
 
 logger = logging.getLogger(__name__)
 
@@ -151,7 +150,7 @@ class SandboxRouter:
             raise _Down(str(getattr(exc, "reason", None) or exc)) from None
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JSONHandler):
     protocol_version = "HTTP/1.1"
 
     @property
@@ -178,18 +177,6 @@ class _Handler(BaseHTTPRequestHandler):
         status, answer = self.router.forward(body, _run_timeout(body))
         self._send(status, answer)
 
-    def _reply(self, status: int, body: dict[str, Any]) -> None:
-        self._send(status, json.dumps(body).encode())
-
-    def _send(self, status: int, data: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
-        logger.debug("%s %s", self.address_string(), format % args)
 
 
 def _run_timeout(body: bytes) -> float:

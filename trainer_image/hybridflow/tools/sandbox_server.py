@@ -156,7 +156,24 @@ class SandboxServer(ThreadingHTTPServer):
         super().__init__(address, _Handler)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class JSONHandler(BaseHTTPRequestHandler):
+    """A request handler that answers JSON and logs at debug level (the run_code server's and the router's)."""
+
+    def _reply(self, status: int, body: dict[str, Any]) -> None:
+        self._send(status, json.dumps(body).encode())
+
+    def _send(self, status: int, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        logger.debug("%s %s", self.address_string(), format % args)
+
+
+class _Handler(JSONHandler):
     server: SandboxServer
     protocol_version = "HTTP/1.1"
 
@@ -197,16 +214,6 @@ class _Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"the body is not valid JSON ({exc}); send a JSON object such as "
                              '{"code": "print(1)", "language": "python"}') from None
 
-    def _reply(self, status: HTTPStatus, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
-        logger.debug("%s %s", self.address_string(), format % args)
 
 
 def serve_in_thread(host: str = "127.0.0.1", port: int = 0,
