@@ -252,14 +252,16 @@ def test_grpo_learns_to_call_the_lookup_tool_through_the_server_mode_stack(ray_s
     # learnt: from < 0.2 to > 0.7, sampled (training) and greedy (validation). Fresh-clone runs end between 0.77
     # and 0.94 (the run's Ray/vLLM sampling is not seeded end to end): some runs keep a few keys whose tool answer
     # the tiny model copies wrong with near-zero entropy, which GRPO cannot fix (a group of all-zero rewards).
-    assert mean([r["critic/score/mean"] for r in train[:2]]) < 0.2
+    # the start is step 1's batch, sampled before any update (512 samples): step 2's already follows four
+    # optimizer steps, and one fresh-clone run called the tool in 74% of step 2's samples (15% in step 1's)
+    assert train[0]["critic/score/mean"] < 0.2
     assert val[0] < 0.2
     assert mean([r["critic/score/mean"] for r in train[-5:]]) > 0.7
     # greedy validation oscillates late in training (seen: 0.89 at step 20, 0.77 at step 40): learnt means above
     # 0.7 at one of the two validations after training began
     assert max(val[1:]) > 0.7
     # how: the model calls the tool (prompt, call, tool turn, answer = 4 turns) and every update reaches the replica
-    assert mean([r["agent/tool_calls/mean"] for r in train[:2]]) < 0.4
+    assert train[0]["agent/tool_calls/mean"] < 0.3
     assert mean([r["agent/tool_calls/mean"] for r in train[-5:]]) > 0.95
     assert mean([r["agent/num_turns/mean"] for r in train[-5:]]) > 3.9
     assert all(r["agent/tool_errors/mean"] == 0 and r["agent/aborted"] == 0 for r in train)
