@@ -6,6 +6,7 @@ real: the test process sends itself SIGTERM at a chosen point of a step and the 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -21,13 +22,13 @@ from hybridflow.trainer.ray_trainer import RayPPOTrainer, WorkerGroups
 class RecordingTrainer(RayPPOTrainer):
     """fit() over fake steps: records which steps ran and which were checkpointed."""
 
-    def __init__(self, signal_at: tuple[int, str], run_dir: Path) -> None:
+    def __init__(self, signal_at: tuple[int, str], run_dir: Path, save_freq: int = -1) -> None:
         config = load_config(
             None,
             [
                 "trainer.total_training_steps=5",
-                "trainer.save_freq=-1",
-                "trainer.logger=[console]",
+                f"trainer.save_freq={save_freq}",
+                "trainer.logger=[console,file]",  # file: metrics.jsonl beside the checkpoints
                 f"trainer.default_local_dir={run_dir}",  # the progress record goes here
             ],
         )
@@ -44,6 +45,11 @@ class RecordingTrainer(RayPPOTrainer):
         self.signal_at = signal_at
         self.steps: list[int] = []
         self.saved: list[int] = []
+        self.rows_at_save: list[list[int]] = []
+
+    def logged_steps(self) -> list[int]:
+        rows = self.ckpt_root and Path(self.ckpt_root, "metrics.jsonl")
+        return [json.loads(line)["step"] for line in rows.read_text().splitlines()] if rows.exists() else []
 
     def _resume(self) -> Any:
         return None
@@ -59,6 +65,7 @@ class RecordingTrainer(RayPPOTrainer):
 
     def save_checkpoint(self) -> str:
         self.saved.append(self.global_step)
+        self.rows_at_save.append(self.logged_steps())
         return f"step{self.global_step}"
 
 
@@ -93,3 +100,12 @@ def test_without_a_signal_the_run_goes_to_the_end(tmp_path: Path) -> None:
     assert trainer.fit() == 5
     assert trainer.steps == [1, 2, 3, 4, 5]
     assert trainer.saved == []  # save_freq=-1: no periodic saves
+
+
+def test_a_checkpointed_step_has_its_metrics_row_already(tmp_path: Path) -> None:
+    """A run SIGKILLed right after a checkpoint commits must not leave that step without a row: the resumed run
+    starts after it and never logs it again (seen as a missing step 8 in the async kill -9 test)."""
+    trainer = RecordingTrainer((0, "never"), tmp_path, save_freq=2)
+    assert trainer.fit() == 5
+    assert trainer.saved == [2, 4, 5]
+    assert trainer.rows_at_save == [[1, 2], [1, 2, 3, 4], [1, 2, 3, 4, 5]]

@@ -78,9 +78,9 @@ class OfflineTrainer:
                 if self._due(trainer.test_freq, last) and self.val_loader is not None:
                     metrics.update(self.validate())
                 stopping = self._stop_signal is not None  # read once: a late SIGTERM still gets its checkpoint
+                self.tracker.log(metrics, step=self.global_step)  # before the checkpoint (see RayPPOTrainer.fit)
                 if self._due(trainer.save_freq, last) or stopping:
                     self.save_checkpoint()
-                self.tracker.log(metrics, step=self.global_step)
                 if stopping:
                     self.log(f"received signal {self._stop_signal}: saved step {self.global_step} under "
                              f"{self.ckpt_root}; exiting. Rerun with trainer.resume_mode=auto to continue.")

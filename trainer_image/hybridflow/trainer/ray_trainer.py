@@ -176,12 +176,14 @@ class RayPPOTrainer:
                     started = time.perf_counter()
                     metrics.update(self.validate())
                     metrics["timing_s/testing"] = time.perf_counter() - started
-                # Read the flag once: a SIGTERM landing after the save decision (say, while the metrics
-                # are logged) must not end the run before the step it stops at is checkpointed.
+                # Read the flag once: a SIGTERM landing after this read (say, while the metrics are logged)
+                # must not end the run before the step it stops at is checkpointed.
                 stopping = self._stop_signal is not None
+                # The row before the checkpoint: a run killed between the two redoes the step and logs it again
+                # on resume, where the other order would leave the committed step without a row for good.
+                self.tracker.log(metrics, step=self.global_step)
                 if self._due(self.config.trainer.save_freq, last) or stopping:
                     self.save_checkpoint()
-                self.tracker.log(metrics, step=self.global_step)
                 if stopping:
                     self.log(
                         f"received signal {self._stop_signal}: finished step {self.global_step}, saved a "
