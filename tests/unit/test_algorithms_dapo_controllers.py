@@ -50,6 +50,18 @@ def test_filter_groups_drops_zero_variance_groups() -> None:
         filter_groups(index, [1.0, 0.0])
 
 
+def test_filter_groups_judges_a_group_by_its_finished_rows() -> None:
+    """Over-sampling cuts slow trajectories (score 0 on an unfinished response): they ride along with their group
+    but must not make an all-right group look informative, nor keep a group with nothing finished."""
+    index = np.array(["p", "p", "p", "q", "q", "r", "s", "s"], dtype=object)
+    acc = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    cut = np.array([False, False, True, False, False, True, False, True])
+    mask, uids = filter_groups(index, acc, ignore=cut)
+    assert uids == ["q", "s"]  # p: all finished right; r: nothing finished; s: one finished (a singleton)
+    assert mask.tolist() == [False, False, False, True, True, False, True, True]
+    assert filter_groups(index, acc).kept_uids == ["p", "q", "r", "s"]  # what counting the cut rows would keep
+
+
 def test_fixed_controller_never_moves() -> None:
     ctrl = FixedKLController(0.02)
     ctrl.update(current_kl=5.0, n_steps=64)

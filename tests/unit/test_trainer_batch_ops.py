@@ -16,6 +16,7 @@ from hybridflow.trainer.metrics import (
     reduce_worker_metrics,
     timed,
 )
+from hybridflow.agent.over_sample import CUT_KEY
 from hybridflow.trainer.ray_trainer import compute_total_training_steps
 
 
@@ -124,6 +125,22 @@ def test_data_metrics_use_verl_names() -> None:
     assert "critic/values/mean" in metrics and "critic/vf_explained_var" in metrics
     perf = compute_throughput_metrics(batch, step_seconds=2.0, n_workers=2)
     assert perf["perf/total_num_tokens"] == 7.0 and perf["perf/throughput"] == 7.0 / 2.0 / 2
+
+
+def test_data_metrics_leave_out_trajectories_cut_by_over_sampling() -> None:
+    """A cut row (unfinished, response_mask 0, not trained) would pull the score and the length down."""
+    batch = _batch([1.0, 0.0, 0.0], ["a", "a", "a"])
+    batch.batch["response_mask"] = batch_ops.response_mask_of(batch)
+    batch.batch["response_mask"][2] = 0  # cut: what the agent manager hands back
+    batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+    batch.batch["advantages"] = batch.batch["returns"] = torch.ones(3, 3)
+    batch.non_tensor_batch[CUT_KEY] = np.array([False, False, True])
+    metrics = compute_data_metrics(batch, use_critic=False)
+    assert metrics["critic/score/mean"] == 0.5 and metrics["critic/rewards/min"] == 0.0
+    assert metrics["response_length/mean"] == 2.5 and metrics["response_length/min"] == 2.0
+    assert metrics["prompt_length/mean"] == 1.0
+    del batch.non_tensor_batch[CUT_KEY]  # without over-sampling every row counts
+    assert compute_data_metrics(batch, use_critic=False)["critic/score/mean"] == pytest.approx(1 / 3)
 
 
 def test_reduce_worker_metrics_and_timer() -> None:

@@ -349,7 +349,8 @@ class RolloutConfig(Section):
         description="verl's early termination of a training batch's rollout (server mode): once (1 - over_sample_rate) "
         "x the batch's trajectories are complete, the rest are cut (their engine requests aborted); a cut trajectory "
         "keeps the tokens it had, is counted in agent/aborted and agent/over_sample_cut/mean, has response_mask 0 "
-        "everywhere and no reward, and is left out of its group's advantage baseline. In [0, 1); 0: every trajectory "
+        "everywhere and no reward, and is left out of its group's advantage baseline, of the per-sequence metrics "
+        "(critic/score, response_length, ...) and of DAPO's filter_groups decision. In [0, 1); 0: every trajectory "
         "runs to completion. Validation batches are never cut.",
     )
     val_kwargs: SamplingConfig = Field(default_factory=SamplingConfig, description="Validation sampling.")

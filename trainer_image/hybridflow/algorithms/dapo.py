@@ -47,12 +47,16 @@ class GroupFilterResult(NamedTuple):
 
 
 def filter_groups(
-    index: np.ndarray | Sequence[Any], metric_values: np.ndarray | torch.Tensor | Sequence[float]
+    index: np.ndarray | Sequence[Any],
+    metric_values: np.ndarray | torch.Tensor | Sequence[float],
+    ignore: np.ndarray | None = None,
 ) -> GroupFilterResult:
     """Dynamic sampling: drop groups whose metric is identical for every sample (std == 0).
 
     Such groups (all correct or all wrong) have zero advantage under GRPO and only dilute the
     batch (DAPO section 3.2). A group with a single sample is kept, as in verl's DAPO trainer.
+    Rows in `ignore` (trajectories cut by over-sampling: unfinished, not scored for what they are) stay
+    with their group but do not decide; a group with no other row is dropped.
     """
     ids = np.asarray(index)
     if isinstance(metric_values, torch.Tensor):
@@ -66,9 +70,10 @@ def filter_groups(
     for uid in ids:
         if uid not in seen:
             seen[uid] = ids == uid
+    deciding = np.ones(ids.shape[0], dtype=bool) if ignore is None else ~np.asarray(ignore, dtype=bool)
     for uid, members in seen.items():
-        group_values = values[members]
-        if group_values.size == 1 or np.std(group_values) > 0:
+        group_values = values[members & deciding]
+        if group_values.size == 1 or (group_values.size > 1 and np.std(group_values) > 0):
             kept.append(uid)
             kept_mask |= members
     return GroupFilterResult(kept_mask=kept_mask, kept_uids=kept)

@@ -56,6 +56,12 @@ def estimator_non_tensors(batch: DataProto) -> dict[str, Any]:
     return ntb
 
 
+def cut_rows(batch: DataProto) -> np.ndarray:
+    """Which rows are trajectories cut by over-sampling (rollout.over_sample_rate): all False without it."""
+    cut = batch.non_tensor_batch.get(CUT_KEY)
+    return np.zeros(len(batch), dtype=bool) if cut is None else np.asarray(cut, dtype=bool)
+
+
 def advantage_groups(batch: DataProto) -> np.ndarray:
     """The group id of each row for the advantage estimator: its prompt's `uid`, except that a trajectory cut by
     over-sampling (rollout.over_sample_rate, `over_sample_cut`) is a group of its own.
@@ -70,11 +76,11 @@ def advantage_groups(batch: DataProto) -> np.ndarray:
     verl's rule for single responses).
     """
     uid = np.asarray(batch.non_tensor_batch["uid"], dtype=object)
-    cut = batch.non_tensor_batch.get(CUT_KEY)
-    if cut is None or not np.any(cut):
+    cut = cut_rows(batch)
+    if not cut.any():
         return uid
     groups = uid.copy()
-    for i in np.flatnonzero(np.asarray(cut, dtype=bool)):
+    for i in np.flatnonzero(cut):
         groups[i] = f"{uid[i]}#over_sample_cut{i}"
     return groups
 

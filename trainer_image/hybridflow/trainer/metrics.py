@@ -10,6 +10,7 @@ import torch
 
 from hybridflow.engines.batching import reduce_metric
 from hybridflow.protocol import DataProto
+from hybridflow.trainer.batch_ops import cut_rows
 
 
 @contextmanager
@@ -34,18 +35,23 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
-    """Scores, rewards, advantages, returns, values and lengths of one training batch."""
+    """Scores, rewards, advantages, returns, values and lengths of one training batch.
+
+    Trajectories cut by over-sampling (rollout.over_sample_rate) are left out of the per-sequence stats: they
+    are unfinished and not trained on (response_mask 0), so counting them would pull the score and the response
+    length down by the share cut (agent/over_sample_cut/mean says how many there were)."""
     tensors = batch.batch
+    rows = torch.from_numpy(~cut_rows(batch))
     response_length = tensors["responses"].shape[-1]
     response_mask = tensors["response_mask"].bool()
     prompt_mask = tensors["attention_mask"][:, :-response_length].bool()
-    prompt_lengths = prompt_mask.sum(-1).float()
-    response_lengths = response_mask.sum(-1).float()
+    prompt_lengths = prompt_mask.sum(-1).float()[rows]
+    response_lengths = response_mask.sum(-1).float()[rows]
     max_prompt_length = prompt_mask.shape[-1]
 
     metrics: dict[str, float] = {}
-    metrics.update(_stats("critic/score", tensors["token_level_scores"].sum(-1)))
-    metrics.update(_stats("critic/rewards", tensors["token_level_rewards"].sum(-1)))
+    metrics.update(_stats("critic/score", tensors["token_level_scores"].sum(-1)[rows]))
+    metrics.update(_stats("critic/rewards", tensors["token_level_rewards"].sum(-1)[rows]))
     metrics.update(_stats("critic/advantages", torch.masked_select(tensors["advantages"], response_mask)))
     metrics.update(_stats("critic/returns", torch.masked_select(tensors["returns"], response_mask)))
     if use_critic and "values" in tensors:

@@ -266,7 +266,7 @@ class RayPPOTrainer:
                 )
             batch, extra = self._generate_and_score(metrics, timings)
             values = batch_ops.group_filter_metric(batch, filter_cfg.metric, extra)
-            result = filter_groups(batch.non_tensor_batch["uid"], values)
+            result = filter_groups(batch.non_tensor_batch["uid"], values, ignore=batch_ops.cut_rows(batch))
             if result.kept_uids:
                 kept.append(batch.select_idxs(result.kept_mask))
                 kept_groups += len(result.kept_uids)
