@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from hybridflow.agent.over_sample import CUT_KEY
 from hybridflow.algorithms import FixedKLController, get_kl_controller
 from hybridflow.config import load_config
 from hybridflow.protocol import DataProto
@@ -16,7 +17,6 @@ from hybridflow.trainer.metrics import (
     reduce_worker_metrics,
     timed,
 )
-from hybridflow.agent.over_sample import CUT_KEY
 from hybridflow.trainer.ray_trainer import compute_total_training_steps
 
 
