@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,8 @@ import yaml
 
 from hybridflow.controller.resource_pool import ROLE_RESOURCES_ENV, role_resources_from_env
 from rljob_operator import api, builders, roles, validation
+from tests.unit.test_roles import _advertised, _env, _groups
+from tests.unit.test_roles import _with as roles_with
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared"
@@ -58,27 +59,8 @@ def _rljob(**kwargs: Any) -> api.RLJob:
     return api.RLJob.model_validate(_obj(**kwargs))
 
 
-def _groups(rayjob: dict) -> dict[str, dict]:
-    return {g["groupName"]: g for g in rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]}
-
-
-def _advertised(group: dict) -> dict[str, float]:
-    (value,) = shlex.split(group["rayStartParams"]["resources"])  # what `ray start --resources=` receives
-    return json.loads(value)
-
-
-def _env(template: dict) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
-
-
 def _with(path: str, value: Any, config: dict | None = None) -> dict:
-    config = copy.deepcopy(config or CONFIG)
-    *parents, leaf = path.split(".")
-    node = config
-    for key in parents:
-        node = node.setdefault(key, {})
-    node[leaf] = value
-    return config
+    return roles_with(path, value, config or CONFIG)
 
 
 # ------------------------------------------------------------------------------------------- builders
