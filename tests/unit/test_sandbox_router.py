@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from hybridflow.rewards.registry import default_compute_score
 from hybridflow.tools.code_interpreter import CodeInterpreterTool
 from hybridflow.tools.sandbox_router import SandboxRouter
 from hybridflow.tools.sandbox_server import ServerSettings, serve_in_thread
+from tests.unit.test_sandbox_server import _closed_port, _post
 
 ROLE_ENV = {ROLE_RESOURCES_ENV: json.dumps({"trainer": "rljob.role/trainer", "sandbox": "rljob.role/sandbox"})}
 CODE_TOOL = "tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n    config: {default_timeout: 5}\n"
@@ -36,19 +34,11 @@ def servers() -> Iterator[list[Any]]:
 
 
 def _run(url: str, code: str, **extra: Any) -> tuple[int, dict[str, Any]]:
-    body = json.dumps({"code": code, "language": "python", "run_timeout": 5, **extra}).encode()
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return _post(url, {"code": code, "language": "python", "run_timeout": 5, **extra})
 
 
 def _closed_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+    return f"http://127.0.0.1:{_closed_port()}"
 
 
 def test_requests_spread_over_the_servers_and_a_dead_one_is_skipped(servers: list[Any]) -> None:
