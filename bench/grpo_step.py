@@ -70,11 +70,11 @@ class Shared:
     trl: dict[str, Any]  # GRPOConfig fields
 
 
-def shared_settings(args: argparse.Namespace) -> list[Shared]:
+def shared_settings(args: argparse.Namespace, *, lr: float = 1e-6, seed: int = 42) -> list[Shared]:
     """Every setting the two trainers must share; defaults differ (TRL: checkpointing on, linear decay)."""
     ckpt = bool(args.gradient_checkpointing)
     return [
-        Shared("learning rate", "1e-6", (f"{ACTOR}.optim.lr=1e-6",), {"learning_rate": 1e-6}),
+        Shared("learning rate", f"{lr:g}", (f"{ACTOR}.optim.lr={lr!r}",), {"learning_rate": lr}),
         Shared("lr schedule, warm-up", "constant, 0 steps",
                (f"{ACTOR}.optim.lr_scheduler_type=constant", f"{ACTOR}.optim.lr_warmup_steps=0"),
                {"lr_scheduler_type": "constant", "warmup_steps": 0}),
@@ -102,7 +102,7 @@ def shared_settings(args: argparse.Namespace) -> list[Shared]:
         Shared("sampling", "temperature 1, top-p 1, no top-k",
                (f"{ROLLOUT}.temperature=1.0", f"{ROLLOUT}.top_p=1.0", f"{ROLLOUT}.top_k=-1"),
                {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None, "repetition_penalty": 1.0}),
-        Shared("seed", "42", ("trainer.seed=42", "data.seed=42"), {"seed": 42, "data_seed": 42}),
+        Shared("seed", str(seed), (f"trainer.seed={seed}", f"data.seed={seed}"), {"seed": seed, "data_seed": seed}),
     ]
 
 
@@ -114,17 +114,15 @@ def print_parity(settings: list[Shared]) -> None:
         print(f"{item.name:<32} {item.value:<42} {trl}")
 
 
-def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict[str, float]]:
-    """The `timing_s/*` metrics of each training step of our trainer (from its JSONL metrics)."""
-    from hybridflow.trainer import main_ppo
-
-    rows = write_task(work / "data", 256)
+def build_our_overrides(model_dir: Path, work: Path, prompt_length: int, args: argparse.Namespace,
+                        settings: list[Shared]) -> list[str]:
+    """Our command-line overrides on top of EXAMPLE: data from `work`/data, shapes from `args`, then `settings`."""
     b, g, r = args.prompts, args.group, args.response_length
-    overrides = [
+    return [
         f"data.train_files={work / 'data' / 'train.parquet'}",
         f"data.val_files={work / 'data' / 'test.parquet'}",
         # our batches are padded to max_prompt_length; TRL pads to the longest prompt: make them equal
-        f"data.max_prompt_length={longest_prompt(model_dir, rows)}",
+        f"data.max_prompt_length={prompt_length}",
         f"data.max_response_length={r}",
         f"data.train_batch_size={b}",
         f"actor_rollout_ref.model.path={model_dir}",
@@ -143,40 +141,51 @@ def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict
         "trainer.save_freq=-1",
         "trainer.logger=[file]",
         f"trainer.default_local_dir={work / 'ckpt'}",
-        *(o for item in shared_settings(args) for o in item.ours),
+        *(o for item in settings for o in item.ours),
     ]
+
+
+def train_ours(overrides: list[str], ckpt_dir: Path) -> list[dict[str, float]]:
+    """Run `hybridflow.trainer.main_ppo` on EXAMPLE + `overrides`; the metrics row of each training step."""
+    from hybridflow.trainer import main_ppo
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if main_ppo.main([str(EXAMPLE), *overrides]) != 0:
         raise RuntimeError("our trainer failed; see its output above")
-    rows = [json.loads(x) for x in (work / "ckpt" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in (ckpt_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [row for row in rows if "timing_s/step" in row]
+
+
+def run_ours(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict[str, float]]:
+    """The `timing_s/*` metrics of each training step of our trainer (from its JSONL metrics)."""
+    rows = write_task(work / "data", 256)
+    overrides = build_our_overrides(model_dir, work, longest_prompt(model_dir, rows), args, shared_settings(args))
     return [{k[len("timing_s/"):]: float(v) for k, v in row.items() if k.startswith("timing_s/")}
-            for row in rows if "timing_s/step" in row]
+            for row in train_ours(overrides, work / "ckpt")]
 
 
-def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
-    """Seconds of each `GRPOTrainer` step (callback timestamps around each optimizer step)."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def build_trl_config(work: Path, args: argparse.Namespace, settings: list[Shared], **shapes: Any) -> Any:
+    """TRL's GRPOConfig for the run's shapes (`shapes` adds or replaces some) and every shared setting."""
+    from trl import GRPOConfig
 
-    from hybridflow.rewards.toy import score_copy
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    rows = write_task(work / "trl_data", 256)
-    data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows])
-
-    def reward(completions: list[Any], ground_truth: list[str], **_: Any) -> list[float]:
-        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [float(_score(score_copy(t, gt, None))) for t, gt in zip(texts, ground_truth, strict=True)]
-
-    shapes = {
+    base = {
         "output_dir": str(work / "trl_out"), "use_cpu": True, "report_to": "none", "save_strategy": "no",
         "per_device_train_batch_size": args.prompts * args.group, "num_generations": args.group,
         "max_completion_length": args.response_length, "max_steps": args.steps, "logging_steps": 1,
         "shuffle_dataset": True, "disable_tqdm": True, "dataloader_num_workers": 0,
     }
-    config = GRPOConfig(**build_trl_kwargs(shapes, shared_settings(args), {f.name for f in dataclasses.fields(GRPOConfig)}))
+    return GRPOConfig(**build_trl_kwargs({**base, **shapes}, settings, {f.name for f in dataclasses.fields(GRPOConfig)}))
+
+
+def train_trl(model_dir: Path, config: Any, data: Any, reward: Any) -> tuple[list[float], Any]:
+    """Train a `GRPOTrainer` in this process (every core); returns each step's seconds and the trainer.
+
+    A step is timed by callback timestamps around it (generation, scoring and the optimizer step)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(os.cpu_count() or 1)
     durations: list[float] = []
 
     class StepTimer(TrainerCallback):
@@ -191,6 +200,23 @@ def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float
     trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=reward, train_dataset=data, args=config,
                           callbacks=[StepTimer()])
     trainer.train()
+    return durations, trainer
+
+
+def run_trl(model_dir: Path, work: Path, args: argparse.Namespace) -> list[float]:
+    """Seconds of each `GRPOTrainer` step on the copy-a-letter task."""
+    from datasets import Dataset
+
+    from hybridflow.rewards.toy import score_copy
+
+    rows = write_task(work / "trl_data", 256)
+    data = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows])
+
+    def reward(completions: list[Any], ground_truth: list[str], **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(_score(score_copy(t, gt, None))) for t, gt in zip(texts, ground_truth, strict=True)]
+
+    durations, _ = train_trl(model_dir, build_trl_config(work, args, shared_settings(args)), data, reward)
     return durations
 
 
