@@ -1,10 +1,11 @@
 """The offline training loop shared by SFT and DPO: `OfflineTrainer.fit()` on one Ray worker group.
 
-    resume -> (validate) -> [next batch -> update -> (validate) -> (checkpoint) -> log] x total steps
+    resume -> (validate) -> [next batch -> update -> (validate) -> log -> (checkpoint)] x total steps
 
 The driver holds the data loader and moves batches to the `OfflineWorker` group (FSDP2 over
 `trainer.nnodes x trainer.n_gpus_per_node` processes); the recipe decides only the dataset, the loss and
-how per-row statistics become metrics. Checkpoints, resume, SIGTERM and the loggers (console, JSONL,
+how per-row statistics become metrics. The loop is the RL trainer's (`trainer.loop.StepLoop`), with verl's SFT
+rule of validating and checkpointing the last step always. Checkpoints, resume, SIGTERM and the loggers (console, JSONL,
 TensorBoard, W&B, Prometheus, the operator's progress record) are those of the RL trainer:
 `<default_local_dir>/global_step_N/{actor/, trainer_state.json}`, committed atomically.
 
@@ -15,15 +16,14 @@ Exit codes: 0 done (also after a SIGTERM-triggered checkpoint), 2 invalid config
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridflow._config.offline import OfflineConfig, OfflineRecipe, load_offline_config
 from hybridflow.config import ConfigError
+from hybridflow.trainer.loop import StepLoop
 
 MODULES = {"sft": "hybridflow.trainer.fsdp_sft_trainer", "dpo": "hybridflow.trainer.fsdp_dpo_trainer"}
 
@@ -32,7 +32,7 @@ class StartupError(RuntimeError):
     """The run cannot start: its inputs (model, tokenizer, data) are unusable; the message says why."""
 
 
-class OfflineTrainer:
+class OfflineTrainer(StepLoop):
     """Drive one SFT or DPO run over a prepared worker group and data loaders."""
 
     def __init__(
@@ -48,48 +48,7 @@ class OfflineTrainer:
         self.log = log
         self.summarize = SUMMARIZERS[config.recipe]
         self.total_training_steps = total_training_steps(config, len(train_loader))
-        self.ckpt_root = config.trainer.default_local_dir
-        self.global_step = 0
-        self.tracker: Any = None
-        self._data_iter: Iterator[Any] | None = None
-        self._stop_signal: int | None = None
-
-    def fit(self) -> int:
-        """Train until total_training_steps (or a SIGTERM); return the last completed global step."""
-        from hybridflow.progress import choose_wandb_run_id, read_progress_or_warn
-        from hybridflow.tracking import Tracking
-
-        trainer = self.config.trainer
-        state = self._resume()
-        record = read_progress_or_warn(self.ckpt_root, self.log) if trainer.resume_mode != "disable" else None
-        self.tracker = Tracking(
-            trainer.project_name, trainer.experiment_name, trainer.logger, self.config.to_dict(),
-            default_local_dir=self.ckpt_root, total_steps=self.total_training_steps,
-            wandb_run_id=choose_wandb_run_id(state, record, trainer.resume_mode),
-        )
-        previous = self._install_sigterm_handler()
-        try:
-            if trainer.val_before_train and self.global_step == 0 and self.val_loader is not None:
-                self.tracker.log(self.validate(), step=0)
-            while self.global_step < self.total_training_steps:
-                self.global_step += 1
-                metrics = self.train_step()
-                last = self.global_step >= self.total_training_steps
-                if self._due(trainer.test_freq, last) and self.val_loader is not None:
-                    metrics.update(self.validate())
-                stopping = self._stop_signal is not None  # read once: a late SIGTERM still gets its checkpoint
-                self.tracker.log(metrics, step=self.global_step)  # before the checkpoint (see RayPPOTrainer.fit)
-                if self._due(trainer.save_freq, last) or stopping:
-                    self.save_checkpoint()
-                if stopping:
-                    self.log(f"received signal {self._stop_signal}: saved step {self.global_step} under "
-                             f"{self.ckpt_root}; exiting. Rerun with trainer.resume_mode=auto to continue.")
-                    break
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
-            self.tracker.finish()
-        return self.global_step
+        self._init_loop(config.trainer.default_local_dir, train_loader)
 
     def train_step(self) -> dict[str, float]:
         """One optimizer step over the next batch; verl-style `train/*`, `timing_s/*`, `perf/*` metrics."""
@@ -116,11 +75,8 @@ class OfflineTrainer:
         """The objective's metrics over the whole validation set, as `val/*`."""
         from hybridflow.protocol import DataProto
 
-        started = time.perf_counter()
         outputs = [self.workers.eval_batch(batch) for batch in self.val_loader]
-        metrics = {f"val/{k}": v for k, v in self.summarize(DataProto.concat(outputs).batch).items()}
-        metrics["timing_s/testing"] = time.perf_counter() - started
-        return metrics
+        return {f"val/{k}": v for k, v in self.summarize(DataProto.concat(outputs).batch).items()}
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -163,31 +119,12 @@ class OfflineTrainer:
 
     # ---- helpers --------------------------------------------------------------------------------
 
-    def _next_batch(self) -> Any:
-        """The next training batch; a new epoch starts when the loader is exhausted."""
-        for _ in range(2):
-            if self._data_iter is None:
-                self._data_iter = iter(self.train_loader)
-            try:
-                return next(self._data_iter)
-            except StopIteration:
-                self._data_iter = None
-        raise RuntimeError("the training data loader yields no batch; check data.train_files and data.train_batch_size")
+    def _can_validate(self) -> bool:
+        return self.val_loader is not None
 
-    def _due(self, freq: int, last: bool) -> bool:
-        """Every `freq` steps (when > 0) and always at the last step."""
-        return last or (freq > 0 and self.global_step % freq == 0)
-
-    def _install_sigterm_handler(self) -> Any:
-        """Route SIGTERM (pod eviction, `ray job stop`) to a graceful stop; only possible on the main thread."""
-        if threading.current_thread() is not threading.main_thread():
-            self.log("fit() runs outside the main thread: SIGTERM will not trigger a final checkpoint")
-            return None
-        return signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum: int, _frame: Any) -> None:
-        self.log(f"signal {signum} received: finishing the current step, then checkpointing and exiting")
-        self._stop_signal = signum
+    def _due(self, freq: int | None, last: bool) -> bool:
+        """verl's SFT trainer rule: every `freq` steps (when > 0) and always at the last step."""
+        return last or bool(freq and freq > 0 and self.global_step % freq == 0)
 
 
 def total_training_steps(config: OfflineConfig, batches_per_epoch: int) -> int:

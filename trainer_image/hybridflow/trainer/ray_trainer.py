@@ -1,7 +1,10 @@
 """The single-controller RL loop: `RayPPOTrainer.fit()` reads like the algorithm, one phase per method.
 
     generate -> reward model (when enabled) -> reward -> old log-probs -> ref log-probs -> values -> advantages
-    -> critic update -> actor update (pushes weights to the rollout) -> log -> validate -> checkpoint
+    -> critic update -> actor update (pushes weights to the rollout) -> (validate) -> log -> (checkpoint)
+
+The loop around the steps (resume, validation and checkpoint cadence, logging, SIGTERM) is `StepLoop`'s, shared
+with the SFT and DPO trainer.
 
 The worker groups do the heavy lifting in Ray actors; this class only moves `DataProto` batches between
 them and applies the pure math in `batch_ops`. Supported estimators are whatever the algorithm
@@ -10,10 +13,7 @@ registry holds (GAE with a critic, GRPO, Dr.GRPO, RLOO, REINFORCE++, ReMax, ...)
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +23,9 @@ import torch
 from hybridflow import checkpoint as ck
 from hybridflow.algorithms import filter_groups, get_kl_controller
 from hybridflow.profiling import StepProfiler
-from hybridflow.progress import choose_wandb_run_id, read_progress_or_warn
 from hybridflow.protocol import DataProto
-from hybridflow.tracking import Tracking
 from hybridflow.trainer import batch_ops
+from hybridflow.trainer.loop import StepLoop
 from hybridflow.trainer.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
@@ -94,7 +93,7 @@ def needs_old_log_prob_pass(config: Any) -> bool:
     return not on_policy or bool(reads_them)
 
 
-class RayPPOTrainer:
+class RayPPOTrainer(StepLoop):
     """Drive one RL run over prepared worker groups, data loaders and reward functions."""
 
     def __init__(
@@ -128,74 +127,31 @@ class RayPPOTrainer:
         self.actor_version = 0  # actor updates the current weights have seen (the policy version)
         self._stream_state: tuple[dict[str, Any], list[DataProto]] | None = None
         self.total_training_steps = compute_total_training_steps(config, len(train_dataloader))
-        self.ckpt_root = config.trainer.default_local_dir
-        self.global_step = 0
-        self.tracker: Tracking | None = None
-        self._data_iter: Iterator[DataProto] | None = None
-        self._stop_signal: int | None = None
+        self._profiler: StepProfiler | None = None
+        self._init_loop(config.trainer.default_local_dir, train_dataloader)
 
     # ---- the loop -------------------------------------------------------------------------------
 
-    def fit(self) -> int:
-        """Train until total_training_steps (or a SIGTERM); return the last completed global step."""
-        state = self._resume()
+    def _start(self, state: Any) -> None:
         self.actor_version = self.global_step
         if self.streaming:
             self._start_stream()
         else:
             self._sync_rollout_weights()  # a separate rollout (split group, server replicas) starts with the actor's weights
-        progress_record = None
-        if self.config.trainer.resume_mode != "disable" and self.ckpt_root:
-            progress_record = read_progress_or_warn(self.ckpt_root, self.log)  # the id before any checkpoint
-        wandb_run_id = choose_wandb_run_id(state, progress_record, self.config.trainer.resume_mode)
-        self.tracker = Tracking(
-            self.config.trainer.project_name,
-            self.config.trainer.experiment_name,
-            self.config.trainer.logger,
-            self.config.to_dict(),
-            default_local_dir=self.ckpt_root,
-            total_steps=self.total_training_steps,
-            wandb_run_id=wandb_run_id,
-        )
-        previous_handler = self._install_sigterm_handler()
-        profiler = StepProfiler(self.config, self._groups(), log=self.log)  # global_profiler.steps (tool=torch)
-        try:
-            if (
-                self.config.trainer.val_before_train
-                and self.global_step == 0
-                and self.val_dataloader is not None
-            ):
-                self.tracker.log(self.validate(), step=0)
-            while self.global_step < self.total_training_steps:
-                self.global_step += 1
-                profiler.before_step(self.global_step)
-                metrics = self.train_step()
-                profiler.after_step(self.global_step)
-                last = self.global_step >= self.total_training_steps
-                if self._due(self.config.trainer.test_freq, last) and self.val_dataloader is not None:
-                    started = time.perf_counter()
-                    metrics.update(self.validate())
-                    metrics["timing_s/testing"] = time.perf_counter() - started
-                # Read the flag once: a SIGTERM landing after this read (say, while the metrics are logged)
-                # must not end the run before the step it stops at is checkpointed.
-                stopping = self._stop_signal is not None
-                # The row before the checkpoint: a run killed between the two redoes the step and logs it again
-                # on resume, where the other order would leave the committed step without a row for good.
-                self.tracker.log(metrics, step=self.global_step)
-                if self._due(self.config.trainer.save_freq, last) or stopping:
-                    self.save_checkpoint()
-                if stopping:
-                    self.log(
-                        f"received signal {self._stop_signal}: finished step {self.global_step}, saved a "
-                        f"checkpoint under {self.ckpt_root}; exiting. Rerun with trainer.resume_mode=auto to continue."
-                    )
-                    break
-        finally:
-            profiler.close()  # a trace still running (the run stopped inside a profiled window) is written
-            if previous_handler is not None:
-                signal.signal(signal.SIGTERM, previous_handler)
-            self.tracker.finish()
-        return self.global_step
+        self._profiler = StepProfiler(self.config, self._groups(), log=self.log)  # global_profiler.steps (tool=torch)
+
+    def _run_step(self) -> dict[str, float]:
+        self._profiler.before_step(self.global_step)
+        metrics = self.train_step()
+        self._profiler.after_step(self.global_step)
+        return metrics
+
+    def _finish(self) -> None:
+        if self._profiler is not None:
+            self._profiler.close()  # a trace still running (the run stopped inside a profiled window) is written
+
+    def _can_validate(self) -> bool:
+        return self.val_dataloader is not None
 
     def train_step(self) -> dict[str, float]:
         """One RL iteration; returns the step's metrics (verl names)."""
@@ -565,40 +521,11 @@ class RayPPOTrainer:
             return self.workers.rollout_service
         return self.workers.rollout if self.workers.rollout is not None else self.workers.actor_rollout
 
-    def _next_batch(self) -> DataProto:
-        """Next training batch; a new epoch starts transparently when the loader is exhausted."""
-        for _ in range(2):
-            if self._data_iter is None:
-                self._data_iter = iter(self.train_dataloader)
-            try:
-                return next(self._data_iter)
-            except StopIteration:
-                self._data_iter = None
-        raise RuntimeError(
-            "the training data loader yields no batch; check data.train_files and train_batch_size"
-        )
-
     def _epoch(self) -> int:
         if self.streaming and self.workers.rollout_service.stream is not None:
             return int(self.workers.rollout_service.stream.epoch)
         state = self.train_dataloader.state_dict()
         return int(state.get("epoch", 0)) if isinstance(state, dict) else 0
-
-    def _due(self, freq: int | None, last: bool) -> bool:
-        return bool(freq and freq > 0 and (self.global_step % freq == 0 or last))
-
-    def _install_sigterm_handler(self) -> Any:
-        """Route SIGTERM (pod eviction, `ray job stop`) to a graceful stop; only possible on the main thread."""
-        if threading.current_thread() is not threading.main_thread():
-            self.log("fit() runs outside the main thread: SIGTERM will not trigger a final checkpoint")
-            return None
-        return signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum: int, _frame: Any) -> None:
-        self.log(
-            f"signal {signum} received: finishing the current step, then checkpointing and exiting"
-        )
-        self._stop_signal = signum
 
 
 def _present(batch: DataProto, keys: list[str]) -> list[str]:
