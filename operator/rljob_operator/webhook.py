@@ -79,7 +79,8 @@ class Decision:
 
 def denial_message(obj: Mapping[str, Any], errors: list[str]) -> str:
     """The refusal as `rljob validate` prints it: a count, then one problem per line."""
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     name = meta.get("name") or meta.get("generateName") or "<unnamed>"
     count = f"{len(errors)} problem{'s' if len(errors) != 1 else ''}"
     return f"RLJob {name!r} is invalid ({count}):\n" + "\n".join(f"  - {problem}" for problem in errors)
@@ -92,7 +93,8 @@ def review(obj: Any, old: Any, operation: str | None) -> Decision:
     if not isinstance(obj, dict):
         return Decision(False, "the admission request carries no RLJob object (request.object); this is a bug "
                                "of the API server or of a proxy in between")
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
     if operation == "UPDATE" and isinstance(old, dict) and (meta.get("deletionTimestamp")
                                                            or obj.get("spec") == old.get("spec")):
         return Decision(True)  # metadata or status only: never block handling or deleting an existing job
@@ -172,7 +174,7 @@ class AdmissionServer(kopf.WebhookServer):
 def register() -> None:
     """Add the validating handler and the certificate start-up (call before kopf.run, only with a webhook)."""
     kopf.on.validate(api.GROUP, api.VERSION, api.PLURAL, id=HANDLER_ID, operations=["CREATE", "UPDATE"])(
-        validate_rljob)
+        validate_rljob)  # type: ignore[arg-type]  # kopf's WebhookFn spells out every kwarg; this takes **_
     kopf.on.startup(id="webhook-server")(start_webhook)
     kopf.on.cleanup(id="webhook-server")(stop_webhook)
 

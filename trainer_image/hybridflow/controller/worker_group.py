@@ -44,7 +44,7 @@ class RayClassWithInitArgs:
 def _with_dist_env(cls: type) -> type:
     """A subclass that exports the rendezvous environment before the worker's own `__init__` runs."""
 
-    class GroupMember(cls):  # type: ignore[valid-type, misc]
+    class GroupMember(cls):
         def __init__(self, *args: Any, hybridflow_dist_env: dict[str, str], **kwargs: Any) -> None:
             apply_dist_env(hybridflow_dist_env)
             super().__init__(*args, **kwargs)
@@ -108,7 +108,7 @@ class RayWorkerGroup:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        remote_cls = ray.remote(_with_dist_env(cls_with_init.cls))
+        remote_cls: Any = ray.remote(_with_dist_env(cls_with_init.cls))
         world_size = self.resource_pool.world_size
         local_world = self.resource_pool.process_on_nodes
         master: dict[str, str] = {}
