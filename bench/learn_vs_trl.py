@@ -1,6 +1,6 @@
 """Learning, ours vs TRL: GRPO on single-digit addition, same settings on both sides, a few seeds.
 
-    python -m bench.learn_vs_trl [--seeds 1,2,3] [--steps 15] [--prompts 8] [--group 8] [--response-length 16]
+    python -m bench.learn_vs_trl [--seeds 1,2,3] [--steps 10] [--prompts 8] [--group 8] [--response-length 16]
                                  [--lr 1e-5] [--bf16] [--plot PATH.svg] [--model smollm2|tiny]
 
 Task: `bench.addition` (one worked example turn in the chat, exact-answer reward, 30 held-out pairs).
@@ -62,6 +62,7 @@ class Run:
     rewards: list[float]  # mean train reward of each step
     seconds: list[float]  # wall seconds of each step
     greedy_after: float = float("nan")
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # ours: median timing_s/* after step 1
 
     @property
     def s_per_step(self) -> float:
@@ -94,10 +95,18 @@ def run_ours(model_dir: Path, work: Path, rows: list[dict], prompt_length: int, 
         "trainer.export.enable=true",
         f"trainer.export.dir={final}",
     ]
-    steps = train_ours(overrides, work / "ckpt")
+    import ray
+
+    try:
+        steps = train_ours(overrides, work / "ckpt")
+    finally:
+        ray.shutdown()  # TRL runs next in this process: no Ray daemons beside it
     if not (final / "config.json").is_file():
         raise RuntimeError(f"our trainer finished but exported no model to {final}; see its output above")
-    run = Run("ours", seed, [float(m["critic/score/mean"]) for m in steps], [float(m["timing_s/step"]) for m in steps])
+    names = [k for k in steps[0] if k.startswith("timing_s/") and k != "timing_s/step"]
+    phases = {k[len("timing_s/"):]: statistics.median(float(m.get(k, 0.0)) for m in steps[1:] or steps) for k in names}
+    run = Run("ours", seed, [float(m["critic/score/mean"]) for m in steps], [float(m["timing_s/step"]) for m in steps],
+              phases=phases)
     return run, final
 
 
@@ -206,7 +215,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; the flags grpo_step's helpers read (workers, rollout dtype, checkpointing) included."""
     parser = argparse.ArgumentParser(prog="python -m bench.learn_vs_trl", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated seeds; each trains both sides once")
-    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="samples per prompt (GRPO group)")
     parser.add_argument("--response-length", type=int, default=16)
@@ -262,14 +271,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                               else run_trl(model_dir, work, rows, args, seed))
                 run.greedy_after = greedy_reward(final, model_dir, heldout, args.response_length)
                 runs.append(run)
-                print(f"seed {seed} {side}: greedy {before:.3f} -> {run.greedy_after:.3f}, "
-                      f"{run.s_per_step:.2f} s/step", flush=True)
+                print(f"seed {seed} {side}: greedy {before:.3f} -> {run.greedy_after:.3f}, train reward per step "
+                      f"{[round(x, 3) for x in run.rewards]}, {run.s_per_step:.2f} s/step "
+                      f"{[round(x, 1) for x in run.seconds]}", flush=True)
     summary = {side: summarize_side([r for r in runs if r.side == side]) for side in SIDES}
     print(f"GRPO learning, ours vs TRL: {model_dir.name}, single-digit addition (one worked example turn), "
           f"{args.prompts} prompts x {args.group} samples x {args.response_length} tokens, {args.steps} steps, "
           f"{'bf16' if args.bf16 else 'fp32'} compute, seeds {args.seed_list}, {len(heldout)} held-out questions")
     print_parity(run_settings(args, args.seed_list[0]))
     print_table(runs, before, summary)
+    for r in runs:
+        if r.phases:
+            print(f"seed {r.seed} ours, phase medians (s): " + ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items()))
     if args.plot is not None:
         plot(args.plot, runs)
         print(f"plot: {args.plot}")
@@ -282,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ours_over_trl_s_per_step": round(ours["s_per_step"]["mean"] / trl["s_per_step"]["mean"], 3),
         "greedy_after_ours_minus_trl": round(ours["greedy_after"]["mean"] - trl["greedy_after"]["mean"], 4),
         "runs": [{"side": r.side, "seed": r.seed, "greedy_after": round(r.greedy_after, 4),
-                  "rewards": [round(x, 4) for x in r.rewards], "seconds": [round(x, 2) for x in r.seconds]}
+                  "rewards": [round(x, 4) for x in r.rewards], "seconds": [round(x, 2) for x in r.seconds],
+                  **({"phases": {k: round(v, 3) for k, v in r.phases.items()}} if r.phases else {})}
                  for r in runs],
     }
     print(json.dumps(result, sort_keys=True))

@@ -47,15 +47,15 @@ def build_line_svg(series: list[Series], title: str, x_label: str, y_label: str,
               f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 12}" text-anchor="middle">{escape(x_label)}</text>',
               f'<text transform="translate(16 {TOP + plot_h / 2}) rotate(-90)" text-anchor="middle">'
               f'{escape(y_label)}</text>']
-    legend: dict[str, str] = {}
+    legend: dict[str, tuple[str, float]] = {}
     for s in series:
         points = " ".join(f"{x_at(i):.1f},{y_at(v):.1f}" for i, v in enumerate(s.values) if math.isfinite(v))
         parts.append(f'<polyline points="{points}" fill="none" stroke="{s.color}" stroke-width="{s.width}"/>')
-        legend.setdefault(s.label, s.color)
-    for row, (label, color) in enumerate(legend.items()):
+        legend.setdefault(s.label, (s.color, s.width))
+    for row, (label, (color, width)) in enumerate(legend.items()):
         y = TOP + 10 + 20 * row
         parts.append(f'<line x1="{WIDTH - RIGHT + 12}" x2="{WIDTH - RIGHT + 32}" y1="{y}" y2="{y}" stroke="{color}" '
-                     'stroke-width="2"/>')
+                     f'stroke-width="{width}"/>')
         parts.append(f'<text x="{WIDTH - RIGHT + 38}" y="{y + 4}">{escape(label)}</text>')
     return "\n".join([*parts, "</svg>\n"])
 
