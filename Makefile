@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-EXTRAS ?= operator,trainer,s3,dev
+EXTRAS ?= operator,trainer,s3,dev,bench
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
 
