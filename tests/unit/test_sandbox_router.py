@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,48 @@ def test_requests_spread_over_the_servers_and_a_dead_one_is_skipped(servers: lis
         # the request's own mistakes come back as the server said them, not as a dead server
         status, body = _run(router.url, "print(1)", language="cobol")
         assert status == 400 and "language 'cobol' is not supported" in body["message"]
+    finally:
+        router.close()
+
+
+@pytest.fixture
+def broken_sandbox() -> Iterator[str]:
+    """A server whose sandbox cannot run anything: it answers SandboxFusion's SandboxError to every run (as a run_code
+    server does while Ray kills it: the program's supervisor dies first, the server still answers)."""
+    from http.server import ThreadingHTTPServer
+
+    from hybridflow.tools.sandbox_server import JSONHandler
+
+    class Broken(JSONHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self._reply(200, {"status": "SandboxError", "run_result": None,
+                              "message": "the sandbox supervisor exited (-9) without the program's status"})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_sandbox_error_is_run_again_on_another_server(servers: list[Any], broken_sandbox: str) -> None:
+    healthy = servers[0][1]
+    router = SandboxRouter(lambda: [broken_sandbox, healthy], refresh_s=0.0, give_up_s=5).start()
+    try:
+        for i in range(4):  # the turn comes to the broken server first for some of them
+            status, body = _run(router.url, f"print({i})")
+            assert status == 200 and body["status"] == "Success" and body["run_result"]["stdout"] == f"{i}\n", body
+        assert router.answered[healthy] == 4 and router.failovers == router.answered[broken_sandbox] >= 1
+        assert router.servers() == [broken_sandbox, healthy]  # it answered: still listed
+    finally:
+        router.close()
+    # when every server fails that way, the caller gets the sandbox's own answer (not a 503 after give_up_s)
+    router = SandboxRouter(lambda: [broken_sandbox], refresh_s=0.0, give_up_s=30).start()
+    try:
+        status, body = _run(router.url, "print(1)")
+        assert status == 200 and body["status"] == "SandboxError" and "supervisor exited" in body["message"]
     finally:
         router.close()
 

@@ -6,7 +6,9 @@ processes that cannot ask Ray, so the consumers are given this router's address 
 driver's loopback interface, forwards each `POST /run_code` body unchanged to the next server in turn, and
 returns that server's answer. A server that cannot be reached, closes the connection, times out or answers
 5xx is marked down and the request goes to the next one (the sandbox runs are side-effect free, so a run cut
-short is run again). The list of servers comes from `backends()`, asked again when none is left, and every
+short is run again). A server that answers SandboxError (its sandbox could not run the code: say it is being
+killed and its supervisor died first) stays listed, but the request goes to another server; only when every
+server answered so does the caller get that answer. The list of servers comes from `backends()`, asked again when none is left, and every
 `refresh_s` while one is down (a restarted server comes back under a new address). When no server answers
 for `give_up_s` the router replies 503 with what went wrong, before the consumers' own timeouts (the code
 scorer waits run_timeout + 30 s) would hide it. Listing holds the router's lock (a listing that asks Ray takes
@@ -88,8 +90,10 @@ class SandboxRouter:
         """(HTTP status, body) of the first server that answers; 503 when none does within give_up_s."""
         deadline = time.monotonic() + self.give_up_s
         problems: list[str] = []
+        tried: set[str] = set()  # servers that answered a sandbox error for this request
+        sandbox_error: tuple[int, bytes] | None = None
         while True:
-            server = self._pick()
+            server = self._pick(exclude=tried)
             if server is not None:
                 try:
                     answer = self._post(server, body, run_timeout)
@@ -99,7 +103,18 @@ class SandboxRouter:
                 else:
                     with self._lock:
                         self.answered[server] = self.answered.get(server, 0) + 1
-                    return answer
+                    if not _is_sandbox_error(answer):
+                        return answer
+                    # The server could not run the code (its sandbox failed: say the server is being killed and
+                    # its supervisor went first); another may. The server stays listed: it did answer.
+                    with self._lock:
+                        self.failovers += 1
+                    logger.warning("sandbox server %s could not run the code (SandboxError); trying another", server)
+                    tried.add(server)
+                    sandbox_error = answer
+                    continue
+            if sandbox_error is not None and (server is None or time.monotonic() >= deadline):
+                return sandbox_error  # every server that answered failed to run it: the caller reads why
             if time.monotonic() >= deadline:
                 seen = "; ".join(problems[-3:]) or "no server is listed (none started, or all are restarting)"
                 message = (f"no sandbox server answered within {self.give_up_s:g}s ({seen}); check that the sandbox "
@@ -108,12 +123,12 @@ class SandboxRouter:
             if server is None:
                 time.sleep(0.2)  # every server is down until the next listing (refresh_s): wait for it
 
-    def _pick(self) -> str | None:
+    def _pick(self, exclude: set[str]) -> str | None:
         with self._lock:
             stale = time.monotonic() - self._refreshed_at >= self.refresh_s
             if stale and (self._down or not self._servers):
                 self._refresh_locked()
-            usable = [s for s in self._servers if s not in self._down]
+            usable = [s for s in self._servers if s not in self._down and s not in exclude]
             if not usable:
                 return None
             return usable[next(self._turn) % len(usable)]
@@ -148,6 +163,17 @@ class SandboxRouter:
             return exc.code, exc.read()  # the request's own fault: the caller reads the server's message
         except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out
             raise _Down(str(getattr(exc, "reason", None) or exc)) from None
+
+
+def _is_sandbox_error(answer: tuple[int, bytes]) -> bool:
+    """A 200 whose body says SandboxError: the server answered but its sandbox could not run the code."""
+    status, body = answer
+    if status != HTTPStatus.OK:
+        return False
+    try:
+        return json.loads(body).get("status") == "SandboxError"
+    except (ValueError, AttributeError):
+        return False
 
 
 class _Handler(JSONHandler):
