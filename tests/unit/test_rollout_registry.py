@@ -81,3 +81,19 @@ def test_build_hf_engine_from_the_trainer_config(tmp_path: Path) -> None:
 
 def test_vllm_is_the_default_engine_name() -> None:
     assert load_config(None, []).actor_rollout_ref.rollout.name == "vllm"
+
+
+def test_weights_for_vllm_workers_keep_tied_tensors_as_copies() -> None:
+    """A model's own state_dict() ties the LM head to the embedding (one storage); the blob shipped to vLLM's
+    workers holds each name with its values (safetensors refuses shared storage)."""
+    import torch
+    from safetensors.torch import load
+
+    from hybridflow.rollout.vllm_rollout import _state_dict_to_bytes
+
+    embed = torch.arange(6.0).reshape(3, 2)
+    weights = [("model.embed_tokens.weight", embed), ("lm_head.weight", embed), ("row", embed[1]),
+               ("bias", torch.ones(2))]
+    back = load(_state_dict_to_bytes(weights))
+    assert set(back) == {"model.embed_tokens.weight", "lm_head.weight", "row", "bias"}
+    assert torch.equal(back["lm_head.weight"], embed) and torch.equal(back["row"], embed[1])

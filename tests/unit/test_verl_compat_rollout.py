@@ -32,10 +32,17 @@ def test_single_turn_async_with_tensor_parallel_stays_async(device: str) -> None
     assert "sync mode" not in notes
 
 
-def test_single_turn_async_on_sglang_runs_in_sync_mode_with_a_note() -> None:
-    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.name=sglang")
-    assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.name) == ("sync", "sglang")
-    assert "server replicas here are vLLM (rollout.name=sglang)" in notes
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_single_turn_async_on_a_server_engine_stays_async(name: str) -> None:
+    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.name={name}")
+    assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.name) == ("async", name)
+    assert "sync mode" not in notes
+
+
+def test_single_turn_async_on_hf_runs_in_sync_mode_with_a_note() -> None:
+    cfg, notes = _run(f"{RO}.mode=async", f"{RO}.name=hf")
+    assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.name) == ("sync", "hf")
+    assert "server replicas here are vLLM or SGLang engines (rollout.name=hf)" in notes
 
 
 def test_async_that_server_mode_serves_is_kept() -> None:
@@ -53,11 +60,13 @@ def test_async_that_server_mode_serves_is_kept() -> None:
         ["async_training.mode=fully_async", "trainer.placement=split"],
     ],
 )
-def test_async_that_needs_server_mode_keeps_its_refusal(needs_server: list[str]) -> None:
-    """Tools, agent loops and asynchronous training need server replicas: on SGLang they stay refused, not
-    downgraded to sync mode."""
-    problems = _problems(f"{RO}.mode=async", f"{RO}.name=sglang", *needs_server)
-    assert any("server-mode (async) rollout on SGLang is not built" in p for p in problems)
+def test_async_that_needs_server_mode_keeps_it_on_sglang_and_is_refused_on_hf(needs_server: list[str]) -> None:
+    """Tools, agent loops and asynchronous training need server replicas: SGLang serves them; the hf rollout is no
+    server, so there they are refused, not downgraded to sync mode."""
+    cfg, _ = _run(f"{RO}.mode=async", f"{RO}.name=sglang", *needs_server)
+    assert cfg.actor_rollout_ref.rollout.mode == "async"
+    problems = _problems(f"{RO}.mode=async", f"{RO}.name=hf", *needs_server)
+    assert any("the hf rollout is not a server" in p for p in problems)
 
 
 @pytest.mark.parametrize(

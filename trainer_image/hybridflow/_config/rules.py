@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from . import data_extras, distillation, export, profiler, verl_features
 from .errors import shorten
-from .names import GROUP_ESTIMATORS, SUM_PI_SQUARED_ESTIMATORS
+from .names import GROUP_ESTIMATORS, SERVER_ROLLOUT_NAMES, SUM_PI_SQUARED_ESTIMATORS
 
 if TYPE_CHECKING:
     from .root import HybridFlowConfig
@@ -375,10 +375,10 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
     """Server-mode rollout (mode=async) and the multi-turn keys it reads agree with what is built here."""
     ro = cfg.actor_rollout_ref.rollout
     mt, out = ro.multi_turn, []
-    if ro.mode == "async" and ro.name != "vllm":
+    if ro.mode == "async" and ro.name not in SERVER_ROLLOUT_NAMES:
         out.append(
-            f"{ROLLOUT}.mode: async serves rollouts from vLLM AsyncLLM replicas (rollout.name={ro.name}): "
-            f"{verl_features.SGLANG_SERVER.message}"
+            f"{ROLLOUT}.mode: async serves rollouts from engine replicas (vLLM AsyncLLM or SGLang), and the hf "
+            f"rollout is not a server; set {ROLLOUT}.name=vllm (CPU: `make vllm`) or sglang (GPU), or mode=sync"
         )
     slots = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if ro.mode == "async" and ro.replicas and ro.replicas * ro.tensor_model_parallel_size > slots:

@@ -17,6 +17,7 @@ from typing import Any
 from . import verl_features
 from .errors import ConfigError, shorten
 from .groups import TrainerConfig
+from .names import SERVER_ROLLOUT_NAMES
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -144,9 +145,9 @@ def _single_turn_in_sync_mode(out: Translation) -> None:
     verl's default mode is async, and a verl line without a mode runs in sync mode here already: for single-turn
     prompts (no tools, agent loop, interactions or asynchronous training) both give the same samples, one request
     per response (verl's single-turn agent loop). An explicit mode=async says the same as verl's default, so where
-    HybridFlow's server replicas cannot serve it (they are vLLM, at any tensor_model_parallel_size: a line on
-    another engine) the line runs in sync mode, as a line without the key does, with a note; anything that needs
-    server mode keeps mode=async and its refusal.
+    HybridFlow's server replicas cannot serve it (they are vLLM or SGLang engines: a line with rollout.name=hf) the
+    line runs in sync mode, as a line without the key does, with a note; anything that needs server mode keeps
+    mode=async and its refusal.
     """
     rollout = _group(out.mapping, "actor_rollout_ref.rollout")
     if rollout is None or rollout.get("mode") != "async":
@@ -163,12 +164,12 @@ def _single_turn_in_sync_mode(out: Translation) -> None:
     if needs_server:
         return
     name = rollout.get("name", _field_default(("actor_rollout_ref", "rollout", "name")))
-    if name == "vllm":
+    if name in SERVER_ROLLOUT_NAMES:
         return
     rollout["mode"] = "sync"
     out.notes.append(
         f"rollout.mode=async runs in sync mode: single-turn prompts give the same samples either way (verl's "
-        f"single-turn agent loop, one request per response) and server replicas here are vLLM "
+        f"single-turn agent loop, one request per response) and server replicas here are vLLM or SGLang engines "
         f"(rollout.name={_yaml(name)})"
     )
 

@@ -130,10 +130,6 @@ ROLLOUT_TP_NODES = Feature(
     "rollout_tp_nodes", "rollout tensor parallelism across nodes",
     "use a tensor_model_parallel_size that divides trainer.n_gpus_per_node", later=True,
 )
-SGLANG_SERVER = Feature(
-    "sglang_server", "server-mode (async) rollout on SGLang",
-    "set actor_rollout_ref.rollout.name=vllm (CPU: `make vllm`), or mode=sync", later=True,
-)
 REPEAT_ROLLOUTS = Feature(
     "num_repeat_rollouts", "verl's multi_turn.num_repeat_rollouts (repeating each interaction rollout)",
     "remove it; actor_rollout_ref.rollout.n samples each prompt n times",
@@ -143,7 +139,7 @@ TOOL_FORMATS = Feature(
     "set actor_rollout_ref.rollout.multi_turn.format=hermes (<tool_call>{json}</tool_call>)",
 )
 CUSTOM_SERVER = Feature(
-    "custom_server", "a custom async rollout server class", "remove it: the built-in vLLM AsyncLLM replicas serve every agent loop",
+    "custom_server", "a custom async rollout server class", "remove it: the built-in vLLM AsyncLLM or SGLang replicas serve every agent loop",
 )
 ROUTING_REPLAY = Feature("routing_replay", "MoE routing replay", "remove it: experts are routed afresh in each forward")
 MTP = Feature("mtp", "multi-token prediction (model.mtp)", "remove model.mtp.*")
@@ -256,7 +252,8 @@ KEYS: tuple[VerlKey, ...] = (
             note="1: one data-parallel rank per engine, as here"),
     VerlKey("actor_rollout_ref.rollout.expert_parallel_size", ROLLOUT_EXTRAS, accepts=(1,),
             note="1: no expert parallelism, as here"),
-    VerlKey("actor_rollout_ref.rollout.sglang_engine_mode", SGLANG_SERVER),
+    VerlKey("actor_rollout_ref.rollout.sglang_engine_mode", None,
+            note="verl itself reads it nowhere; server-mode SGLang replicas here run sglang.Engine in their Ray actors"),
     VerlKey("actor_rollout_ref.rollout.disable_log_stats", None, note="engine statistics logging only"),
     VerlKey("actor_rollout_ref.rollout.prometheus", None,
             note="the engine's own Prometheus server; HybridFlow's metrics are served with trainer.logger=prometheus"),
@@ -444,7 +441,7 @@ def all_features() -> list[Feature]:
     """Every feature of the table, once each, in table order."""
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
-    for feature in [*candidates, ROLLOUT_TP_NODES, SGLANG_SERVER, TOOL_FORMATS, CUSTOM_SERVER,
+    for feature in [*candidates, ROLLOUT_TP_NODES, TOOL_FORMATS, CUSTOM_SERVER,
                     DISTILL_GKD, MULTI_TEACHER, CHAT_KWARGS_TOOLS]:
         if feature is not None:
             found.setdefault(feature.message, feature)

@@ -14,12 +14,21 @@ ROLLOUT_ENGINES = {
     "sglang": "hybridflow.rollout.sglang_rollout:SGLangRollout",
 }
 
+# engine name -> "module:class" of its server replica (rollout.mode=async): async engines, token ids in and out;
+# the names are hybridflow._config.names.SERVER_ROLLOUT_NAMES (the config checks them without importing this).
+SERVER_ENGINES = {
+    "vllm": "hybridflow.rollout.async_vllm:AsyncVLLMEngine",
+    "sglang": "hybridflow.rollout.async_sglang:AsyncSGLangEngine",
+}
 
-def get_rollout_cls(name: str) -> type[RolloutEngine]:
-    """The engine class for `actor_rollout_ref.rollout.name`, imported on demand."""
-    if name not in ROLLOUT_ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; choose one of {sorted(ROLLOUT_ENGINES)}")
-    module_name, cls_name = ROLLOUT_ENGINES[name].split(":")
+
+def get_rollout_cls(name: str, server: bool = False) -> Any:
+    """The engine class for `actor_rollout_ref.rollout.name`, imported on demand (`server`: its server replica)."""
+    table = SERVER_ENGINES if server else ROLLOUT_ENGINES
+    if name not in table:
+        kind = "server-mode (rollout.mode=async) " if server else ""
+        raise ValueError(f"unknown {kind}rollout engine {name!r}; choose one of {sorted(table)}")
+    module_name, cls_name = table[name].split(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -31,4 +40,4 @@ def get_rollout_cls(name: str) -> type[RolloutEngine]:
     return cls
 
 
-__all__ = ["ROLLOUT_ENGINES", "RolloutEngine", "get_rollout_cls"]
+__all__ = ["ROLLOUT_ENGINES", "SERVER_ENGINES", "RolloutEngine", "get_rollout_cls"]

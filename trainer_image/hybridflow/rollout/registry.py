@@ -80,3 +80,24 @@ def build_rollout_engine(
     kwargs.update(engine_overrides)
     engine: RolloutEngine = cls(path, **kwargs)
     return engine
+
+
+def build_server_engine(config: Any, cpu_cores: int | None = None) -> Any:
+    """The async engine of one server replica (rollout.mode=async) for a `HybridFlowConfig`: vLLM's AsyncLLM or
+    SGLang's Engine behind `generate` / `abort` / `load_weights` / `sleep` / `wake_up` (token ids in and out).
+
+    `cpu_cores`: the cores a vLLM-CPU replica binds its threads to (split placement on CPU).
+    """
+    arr = config.actor_rollout_ref
+    ro = arr.rollout
+    check_engine_name(ro.name)
+    require_engine(ro.name)
+    if not arr.model.path:
+        raise ValueError("actor_rollout_ref.model.path is not set; point it at a Hugging Face model folder")
+    cls = get_rollout_cls(ro.name, server=True)
+    return cls(
+        str(arr.model.path), ro, "cuda" if config.trainer.device == "cuda" else "cpu",
+        int(ro.response_length or config.data.max_response_length),
+        int(ro.prompt_length or config.data.max_prompt_length),
+        cpu_cores=cpu_cores,
+    )

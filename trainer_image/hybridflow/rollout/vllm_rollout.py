@@ -113,9 +113,21 @@ def cpu_kv_cache_bytes(model_path: str, max_model_len: int | None, max_num_seqs:
 
 
 def _state_dict_to_bytes(weights: Iterable[tuple[str, torch.Tensor]]) -> bytes:
+    """One safetensors blob of the tensors. A tensor sharing storage with an earlier one (tied weights: an LM head
+    that is the embedding, as a model's own `state_dict()` gives them) is written as a copy of its own, since
+    safetensors refuses shared storage."""
     from safetensors.torch import save
 
-    return save({name: t.detach().contiguous().cpu() for name, t in weights})
+    blob: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in weights:
+        t = tensor.detach().contiguous().cpu()
+        storage = t.untyped_storage().data_ptr()
+        if storage in storages:
+            t = t.clone()
+        storages.add(storage)
+        blob[name] = t
+    return save(blob)
 
 
 class WeightSyncExtension:

@@ -1,4 +1,5 @@
-"""Rollout as a service: vLLM `AsyncLLM` replicas in Ray actors, a router, and the agent-loop manager.
+"""Rollout as a service: async engine replicas (vLLM `AsyncLLM`, SGLang) in Ray actors, a router, and the
+agent-loop manager.
 
     RolloutService(config, tokenizer, pool)       # replicas on the pool's slots (each spans one TP group)
       .generate_sequences(batch)                  # agent loops -> router -> replicas, a padded batch back
@@ -11,8 +12,8 @@ before it is used again. The agent loops and the router are Ray-free (`hybridflo
 
 A replica with tensor_model_parallel_size = tp > 1 spans tp consecutive slots of the pool, on one node: the
 replica actor sits in the first and a `ReplicaSeat` holds its share of each of the others (so Ray's books
-show what the engine uses) and names that slot's GPU; the engine's tp ranks run as vLLM worker processes on
-those GPUs (GPU) or on tp disjoint core lists (CPU). Weights reach every rank through the same push: each
+show what the engine uses) and names that slot's GPU; the engine's tp ranks run as its worker processes (vLLM
+workers, SGLang schedulers) on those GPUs (GPU) or, with vLLM-CPU, on tp disjoint core lists (CPU). Weights reach every rank through the same push: each
 rank takes the full tensors and keeps its shard.
 """
 
@@ -35,14 +36,15 @@ REPLICA_RESTARTS = 3
 
 
 class RolloutReplica:
-    """A Ray actor holding one async engine replica (vLLM AsyncLLM), serving token-in/token-out requests."""
+    """A Ray actor holding one async engine replica (vLLM AsyncLLM or SGLang Engine), serving token-in/token-out
+    requests."""
 
     def __init__(self, config: Any, replica_rank: int = 0, peer_gpus: list[str] | None = None) -> None:
         """`peer_gpus`: with tensor parallelism on GPU, the GPUs of the replica's other slots (its seats')."""
         import ray
 
         from hybridflow.engines.fsdp_engine import import_external_lib
-        from hybridflow.rollout.async_vllm import AsyncVLLMEngine
+        from hybridflow.rollout.registry import build_server_engine
         from hybridflow.workers.cpu_slots import cpu_threads
         from hybridflow.workers.fsdp_workers import as_config
 
@@ -56,12 +58,8 @@ class RolloutReplica:
             # the engine's worker processes (one per rank) see this slot's GPU, then the seats' ones, in order
             own = [str(g) for g in ray.get_gpu_ids()]
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(own + list(peer_gpus))
-        self.engine = AsyncVLLMEngine(
-            str(arr.model.path),
-            ro,
-            "cuda" if cfg.trainer.device == "cuda" else "cpu",
-            int(ro.response_length or cfg.data.max_response_length),
-            int(ro.prompt_length or cfg.data.max_prompt_length),
+        self.engine = build_server_engine(
+            cfg,
             # split placement on CPU: the replica's threads on its own slots' cores, the trainer's on the others
             cpu_cores=cpu_threads(cfg) * ro.tensor_model_parallel_size if split_cpu else None,
         )
@@ -72,7 +70,7 @@ class RolloutReplica:
         return {"pid": os.getpid(), "rank": self.rank, "weights_version": self.weights_version}
 
     async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str) -> TokenOutput:
-        """One generation (see `AsyncVLLMEngine.generate`)."""
+        """One generation (see `AsyncVLLMEngine.generate` / `AsyncSGLangEngine.generate`)."""
         return await self.engine.generate(prompt_ids, sampling_params, request_id)
 
     async def abort(self, request_id: str) -> None:
