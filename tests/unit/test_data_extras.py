@@ -220,9 +220,10 @@ def test_chat_template_kwargs_reach_the_template_and_full_prompts(files: dict) -
     assert "full_prompts" not in plain and plain["raw_prompt_ids"] != item["raw_prompt_ids"]
 
 
-def test_chat_template_kwargs_with_the_tool_agent_are_refused() -> None:
-    with pytest.raises(ConfigError, match="apply_chat_template_kwargs with tool calling .* is not built"):
-        _cfg("+data.apply_chat_template_kwargs.effort=abc", "actor_rollout_ref.rollout.multi_turn.enable=true")
+def test_chat_template_kwargs_with_the_tool_agent_are_accepted() -> None:
+    """The tool agent renders with them too (tests/unit/test_agent_loops.py checks they reach its renders)."""
+    cfg = _cfg("+data.apply_chat_template_kwargs.effort=abc", "actor_rollout_ref.rollout.multi_turn.enable=true")
+    assert cfg.data.apply_chat_template_kwargs == {"effort": "abc"}
 
 
 def test_gen_batch_size_sizes_the_dynamic_sampling_draws(files: dict, tokenizer: Any) -> None:

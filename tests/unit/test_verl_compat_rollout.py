@@ -96,3 +96,24 @@ def test_prefix_grouper_is_accepted_with_a_note_and_typed() -> None:
     (problem,) = _problems("actor_rollout_ref.actor.use_prefix_grouper=maybe")
     assert "verl's shared-prefix forward (PrefixGrouper) with this value is not built in HybridFlow yet" in problem
     assert "set use_prefix_grouper to true or false" in problem
+
+
+@pytest.mark.parametrize(("fmt", "read_as", "note"), [
+    ("hermes", "hermes", ""), ("gpt-oss", "gpt-oss", ""),
+    ("qwen", "hermes", "multi_turn.format=qwen is read as hermes: Qwen's chat templates write tool calls as Hermes"),
+])
+def test_verls_tool_call_formats_are_read(fmt: str, read_as: str, note: str) -> None:
+    """verl's tool parsers are hermes and gpt-oss; its sglang multi-turn configs also say qwen, read as hermes
+    with a note (never silently)."""
+    cfg, notes = _run(f"{RO}.multi_turn.enable=true", f"{RO}.multi_turn.format={fmt}")
+    assert cfg.actor_rollout_ref.rollout.multi_turn.format == read_as
+    assert (note in notes) if note else "multi_turn.format" not in notes
+
+
+def test_an_unknown_tool_call_format_is_refused_naming_the_choices() -> None:
+    (problem,) = _problems(f"{RO}.multi_turn.enable=true", f"{RO}.multi_turn.format=pythonic")
+    assert problem == (
+        f"{RO}.multi_turn.format: this multi-turn tool-call format is not supported by HybridFlow; set "
+        f"{RO}.multi_turn.format to one of hermes, gpt-oss (hermes: <tool_call>{{json}}</tool_call>, as Qwen's chat "
+        "templates write; gpt-oss: Harmony), or qwen, read as hermes (got 'pythonic')"
+    )

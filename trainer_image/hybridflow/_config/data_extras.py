@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field
 
-from . import verl_features
 from .common import Section
 
 if TYPE_CHECKING:
@@ -61,8 +60,6 @@ def check(cfg: HybridFlowConfig) -> list[str]:
             "data.sampler: a custom sampler with async_training is not built in HybridFlow yet; remove data.sampler "
             "(the stream shuffles by data.shuffle / data.seed) or set async_training.enabled=false"
         )
-    if data.apply_chat_template_kwargs and cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        problems.append(f"data.apply_chat_template_kwargs: {verl_features.CHAT_KWARGS_TOOLS.message}")
     problems += _gen_batch_problems(cfg)
     return problems
 

@@ -129,8 +129,9 @@ class DataConfig(Section):
     )
     apply_chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra keyword arguments of the tokenizer's apply_chat_template when prompts are rendered (e.g. "
-        "reasoning_effort for gpt-oss, enable_thinking for Qwen3); the rendered ids are what the rollout sees.",
+        description="Extra keyword arguments of the tokenizer's apply_chat_template when prompts, and the tool "
+        "agent's tool and user turns, are rendered (e.g. reasoning_effort for gpt-oss, enable_thinking for Qwen3); "
+        "the rendered ids are what the rollout sees.",
     )
     gen_batch_size: int | None = Field(
         default=None,

@@ -1,4 +1,5 @@
-"""verl spellings translated before validation: no-op keys, `optim.clip_grad`, `model.torch_dtype`, micro-batches.
+"""verl spellings translated before validation: no-op keys, `optim.clip_grad`, `model.torch_dtype`, micro-batches,
+`multi_turn.format=qwen`.
 
 `translate(mapping)` returns the mapping HybridFlow's models read, the notes to print once at start-up
 (keys accepted without effect, deprecated keys converted) and the problems found on the way. Keys the
@@ -37,6 +38,7 @@ def translate(mapping: dict[str, Any]) -> Translation:
     _accept_no_op_keys(out)
     _server_mode_for_tools(out)
     _single_turn_in_sync_mode(out)
+    _qwen_tool_format(out)
     for group in (ACTOR, "critic"):
         _clip_grad(out, group)
     for spec in _TORCH_DTYPES:
@@ -171,6 +173,23 @@ def _single_turn_in_sync_mode(out: Translation) -> None:
         f"rollout.mode=async runs in sync mode: single-turn prompts give the same samples either way (verl's "
         f"single-turn agent loop, one request per response) and server replicas here are vLLM or SGLang engines "
         f"(rollout.name={_yaml(name)})"
+    )
+
+
+def _qwen_tool_format(out: Translation) -> None:
+    """`multi_turn.format=qwen` is read as `hermes`, noted.
+
+    verl's configs and examples name it (its sglang multi-turn YAMLs), but verl's tool-parser registry has only
+    hermes and gpt-oss: Qwen2.5 and Qwen3 chat templates write tool calls as Hermes `<tool_call>{json}</tool_call>`
+    blocks, which the hermes parser reads.
+    """
+    multi_turn = _group(out.mapping, "actor_rollout_ref.rollout.multi_turn")
+    if multi_turn is None or multi_turn.get("format") != "qwen":
+        return
+    multi_turn["format"] = "hermes"
+    out.notes.append(
+        "multi_turn.format=qwen is read as hermes: Qwen's chat templates write tool calls as Hermes "
+        "<tool_call>{json}</tool_call> blocks (verl's tool parsers are hermes and gpt-oss)"
     )
 
 
