@@ -1,4 +1,4 @@
-"""Agent loops, the Hermes parser, tool configs, the router and the batch manager, against a fake server.
+"""Agent loops, the Hermes parser (gpt-oss's in test_tool_parser.py), tool configs, the router and the batch manager, against a fake server.
 
 The fake server is a script: per request it returns the next planned turn (token ids + log-probs), and
 records what it was asked, so the token-in/token-out contract can be checked exactly.
@@ -191,6 +191,63 @@ def test_tool_response_is_truncated_on_the_configured_side() -> None:
                  "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side=left")
     loop = ToolAgentLoop(cfg, ScriptedServer([[EOS]]), TOK, tools=[])
     assert loop._truncate("0123456789abcdef") == "0123456789...(truncated)"
+
+
+# -- other tool-call formats, chat-template kwargs -----------------------------------------------------
+
+HARMONY = ["<|start|>", "<|channel|>", "<|constrain|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>"]
+
+
+def test_tool_loop_runs_a_gpt_oss_trajectory_read_with_its_special_tokens() -> None:
+    """Harmony's markers are special tokens (as in gpt-oss's tokenizer): the call is read only because the
+    format decodes the turn with them; the tool's reply is a Harmony turn, masked."""
+    tok = build_toy_tokenizer(extra_words=["{", "}"])
+    tok.add_special_tokens({"additional_special_tokens": HARMONY})
+
+    def h(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    cfg = config("actor_rollout_ref.rollout.multi_turn.enable=true",
+                 "actor_rollout_ref.rollout.multi_turn.format=gpt-oss", response_length=300)
+    call = h("<|channel|>analysis<|message|>the table has it<|end|><|start|>assistant<|channel|>commentary "
+             'to=functions.lookup <|constrain|>json<|message|>{"key": "z"}<|call|>')
+    answer = h("<|channel|>final<|message|>w<|return|>")
+    server = ScriptedServer([call, answer])
+    prompt = [{"role": "user", "content": "value of z?"}]
+    sample = {"raw_prompt": prompt, "raw_prompt_ids": h(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)),
+              "extra_info": {"tools_kwargs": {"lookup": {"create_kwargs": {"table": {"c": "q", "z": "w"}, "key": "c"}}}}}
+    out = run(ToolAgentLoop(cfg, server, tok, tools=[LookupTool({}, None)]).run({}, **sample))
+    # the arguments reached the tool: key z's value (the sample's own key, c, would give q)
+    tool_turn = h("<|start|>functions.lookup to=assistant<|channel|>commentary<|message|>w<|end|><|start|>assistant")
+    assert out.response_ids == call + tool_turn + answer
+    assert out.response_mask == [1] * len(call) + [0] * len(tool_turn) + [1] * len(answer)
+    assert server.calls[1]["prompt_ids"] == out.prompt_ids + call + tool_turn
+    assert out.metrics["tool_calls"] == 1 and out.metrics["tool_errors"] == 0 and out.num_turns == 4
+
+
+def test_format_qwen_is_read_as_hermes_with_a_start_up_note() -> None:
+    cfg = config("actor_rollout_ref.rollout.multi_turn.enable=true",
+                 "actor_rollout_ref.rollout.multi_turn.format=qwen", response_length=40)
+    assert cfg.actor_rollout_ref.rollout.multi_turn.format == "hermes"
+    assert any(note.startswith("multi_turn.format=qwen is read as hermes") for note in cfg.verl_notes)
+    server = ScriptedServer([[CALL, EOS], ids("q") + [EOS]])
+    out = run(ToolAgentLoop(cfg, server, TOK, tools=[LookupTool({}, None)]).run({}, **lookup_sample("q")))
+    assert out.metrics["tool_calls"] == 1 and out.metrics["tool_errors"] == 0
+
+
+def test_chat_template_kwargs_reach_the_tool_agents_prompt_and_turns() -> None:
+    """data.apply_chat_template_kwargs go to every render of the tool agent, as to the dataset's."""
+    tok = build_toy_tokenizer(extra_words=[LOOKUP_CALL, UNKNOWN_CALL])
+    tok.chat_template = tok.chat_template.replace(
+        "{{ message['role'] }}: ", "{{ message['role'] }}{% if effort %}/{{ effort }}{% endif %}: ")
+    cfg = config("actor_rollout_ref.rollout.multi_turn.enable=true", "+data.apply_chat_template_kwargs.effort=hi",
+                 response_length=60)
+    server = ScriptedServer([[CALL, EOS], ids("q") + [EOS]])
+    out = run(ToolAgentLoop(cfg, server, tok, tools=[LookupTool({}, None)]).run({}, **lookup_sample("q")))
+    assert "user/hi: value of c?" in tok.decode(out.prompt_ids)
+    tool_turn = turn_ids(tok, [{"role": "tool", "name": "lookup", "content": "q"}], template_kwargs={"effort": "hi"})
+    assert "tool/hi: q" in tok.decode(tool_turn)
+    assert out.response_ids == [CALL, EOS] + tool_turn + ids("q") + [EOS]
 
 
 def test_output_validates_lengths() -> None:

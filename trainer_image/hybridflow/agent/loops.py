@@ -1,17 +1,20 @@
 """The built-in agent loops: `single_turn_agent` (one generation) and `tool_agent` (multi-turn tool calling).
 
-`tool_agent` alternates model turns and tool turns: the model's text is parsed for Hermes tool calls
-(`hybridflow.agent.tool_parser`), each call runs (bounded by `multi_turn.max_parallel_calls`, with a
-per-tool timeout), and the results are appended as one tool turn rendered by the chat template. A call
+`tool_agent` alternates model turns and tool turns: the model's tokens are read for tool calls in the
+configured format (`multi_turn.format`: Hermes or gpt-oss's Harmony, `hybridflow.agent.tool_parser`, which
+also says how the tokens are decoded), each call runs (bounded by `multi_turn.max_parallel_calls`, with a
+per-tool timeout), and the results are appended as one tool turn, rendered by the chat template (Harmony's
+by the format itself) with `data.apply_chat_template_kwargs`, as the prompt is. A call
 that is malformed, names no known tool, raises or hangs gets an error text as its result; the
 trajectory goes on. It ends when the model calls no tool, the response budget or a turn limit is
 reached, or the server aborts the request. The last turn is always the model's.
 
 With interactions (`multi_turn.interaction_config_path`, `hybridflow.interactions`), a model turn without
-tool calls goes to the sample's interaction (`extra_info.interaction_kwargs.name`), whose reply becomes a user
-turn (mask 0) and whose turn score is kept in `extra_fields["turn_scores"]`; the trajectory ends when the
-interaction says so (its last reply is not appended: nothing would train on it), or at a limit. An
-interaction that raises or hangs ends the trajectory on the model's turn and counts in `interaction_errors`.
+tool calls goes to the sample's interaction (`extra_info.interaction_kwargs.name`; it sees each model turn's
+content: calls and reasoning taken out), whose reply becomes a user turn (mask 0) and whose turn score is kept
+in `extra_fields["turn_scores"]`; the trajectory ends when the interaction says so (its last reply is not
+appended: nothing would train on it), or at a limit. An interaction that raises or hangs ends the trajectory
+on the model's turn and counts in `interaction_errors`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import uuid
 from typing import Any
 
 from hybridflow.agent.base import AgentLoopBase, AgentLoopOutput, TokenOutput, register, sampling_for_turn
-from hybridflow.agent.chat import render_ids, turn_ids
-from hybridflow.agent.tool_parser import FunctionCall, ToolCallError, get_tool_parser
+from hybridflow.agent.chat import render_ids
+from hybridflow.agent.tool_parser import Call, ToolCallError, get_tool_parser
 from hybridflow.interactions.base import BaseInteraction
 from hybridflow.interactions.config import KEY as INTERACTION_KEY
 from hybridflow.tools.base import BaseTool
@@ -64,13 +67,15 @@ class ToolAgentLoop(AgentLoopBase):
         self.tools = {tool.name: tool for tool in (tools or [])}
         self.interactions = dict(interactions or {})
         self.tool_schemas = [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
-        self.parse = get_tool_parser(self.multi_turn.format)
+        self.parser = get_tool_parser(self.multi_turn.format)
+        self.template_kwargs = dict(trainer_config.data.apply_chat_template_kwargs or {})
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """One trajectory of model and tool turns."""
         request_id = uuid.uuid4().hex
         if self.tool_schemas and kwargs.get("raw_prompt"):
-            prompt_ids = render_ids(self.tokenizer, list(kwargs["raw_prompt"]), tools=self.tool_schemas)
+            prompt_ids = render_ids(self.tokenizer, list(kwargs["raw_prompt"]), tools=self.tool_schemas,
+                                    template_kwargs=self.template_kwargs)
         else:
             prompt_ids = list(kwargs["raw_prompt_ids"])
         tools_kwargs = _tools_kwargs(kwargs)
@@ -113,9 +118,8 @@ class ToolAgentLoop(AgentLoopBase):
                     break
                 if _reached(self.multi_turn.max_user_turns, user_turns):
                     break
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                messages.append({"role": "assistant", "content": text})
-                _, calls = self.parse(text)
+                answer, calls = self.parser.read(self.tokenizer, ids)
+                messages.append({"role": "assistant", "content": answer})
                 if not calls:
                     if interaction is None:
                         break
@@ -126,7 +130,7 @@ class ToolAgentLoop(AgentLoopBase):
                     turn_scores.append(score)
                     if done:
                         break  # its last reply is not appended: nothing would train on it
-                    user_ids = turn_ids(self.tokenizer, [{"role": "user", "content": content}])
+                    user_ids = self._turn_ids([{"role": "user", "content": content}])
                     if len(response) + len(user_ids) >= self.response_length:
                         break
                     messages.append({"role": "user", "content": content})
@@ -140,10 +144,11 @@ class ToolAgentLoop(AgentLoopBase):
                 started = time.perf_counter()
                 texts = await asyncio.gather(*(self._call(c, tools_kwargs, instances, stats) for c in calls))
                 stats["tool_latency_s"] += time.perf_counter() - started
-                tool_ids = turn_ids(self.tokenizer, [{"role": "tool", "content": t} for t in texts])
+                replies = [_tool_message(call, text) for call, text in zip(calls, texts, strict=True)]
+                tool_ids = self._turn_ids(replies)
                 if len(response) + len(tool_ids) >= self.response_length:
                     break  # no room left for the model to answer: the trajectory ends on its own turn
-                messages += [{"role": "tool", "content": t} for t in texts]
+                messages += replies
                 response += tool_ids
                 mask += [0] * len(tool_ids)
                 logprobs += [0.0] * len(tool_ids)
@@ -161,6 +166,10 @@ class ToolAgentLoop(AgentLoopBase):
             metrics=stats,
             extra_fields={"turn_scores": turn_scores} if with_interaction else {},
         )
+
+    def _turn_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Ids of tool or user messages continuing the trajectory, in the configured format."""
+        return self.parser.render_turn(self.tokenizer, messages, template_kwargs=self.template_kwargs)
 
     def _interaction_of(self, sample: dict[str, Any]) -> tuple[BaseInteraction | None, dict[str, Any]]:
         """The sample's interaction and its kwargs (verl: `extra_info.interaction_kwargs`, `name` choosing it)."""
@@ -196,7 +205,7 @@ class ToolAgentLoop(AgentLoopBase):
             stats["interaction_errors"] += 1
             return None
 
-    async def _call(self, call: FunctionCall | ToolCallError, tools_kwargs: dict[str, Any],
+    async def _call(self, call: Call, tools_kwargs: dict[str, Any],
                     instances: dict[str, str], stats: dict[str, float]) -> str:
         """Run one call; every failure becomes a message to the model (never an exception)."""
         stats["tool_calls"] += 1
@@ -242,6 +251,15 @@ async def _best_effort(call: Any) -> None:
         await asyncio.wait_for(call, DEFAULT_TOOL_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - releasing is best effort; the trajectory is already complete
         pass
+
+
+def _tool_message(call: Call, text: str) -> dict[str, Any]:
+    """A call's result as a chat message; `name` is the function called, where the call says (Harmony's
+    replies are written as from it; chat templates that do not read it ignore it)."""
+    message: dict[str, Any] = {"role": "tool", "content": text}
+    if call.name:
+        message["name"] = call.name
+    return message
 
 
 def _reached(limit: int | None, count: int) -> bool:

@@ -208,6 +208,7 @@ class AgentLoopManager:
                 agent = self.config.actor_rollout_ref.rollout.agent
                 server = OpenAIServer(self.client, self.tokenizer, host=agent.openai_host, port=agent.openai_port,
                                       tool_format=self.config.actor_rollout_ref.rollout.multi_turn.format,
+                                      chat_template_kwargs=self.config.data.apply_chat_template_kwargs,
                                       default_max_tokens=self.response_length)
                 await server.start()
                 self._openai = server
