@@ -3,7 +3,8 @@
 Single process first (the `RewardModelWorker` outside Ray, one rank): scores equal the HF model's output
 at each response's last valid token, with any micro-batching, for token- and sequence-classification
 checkpoints, and through the re-rendering path (`input_tokenizer`). Then `hybridflow.trainer.main_ppo`
-with `reward_model.enable=true` on 2 CPU workers: the reward is the reward model's, not the rule's.
+with `reward_model.enable=true` on 2 CPU workers, the reward model on a pool of its own (2 more): the reward is
+the reward model's, not the rule's.
 """
 
 from __future__ import annotations
@@ -286,6 +287,8 @@ def test_grpo_run_is_scored_by_the_reward_model(ray_inputs: dict[str, str], tmp_
         f"reward_model.model.input_tokenizer={ray_inputs['actor_rollout_ref.model.path']}",
         "data.return_raw_chat=true",
         "reward_model.micro_batch_size_per_gpu=4",
+        # its own pool of two slots (verl's enable_resource_pool), apart from the two actor workers
+        "reward_model.enable_resource_pool=true", "reward_model.nnodes=1", "reward_model.n_gpus_per_node=2",
     ]
     assert main_ppo.main([str(EXAMPLE), *args, *overrides]) == 0
     rows = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]

@@ -103,19 +103,36 @@ RM_LOOP = [
 ]
 
 
-def test_the_reward_loop_with_a_classifier_reward_model_maps_onto_the_fsdp_reward_model() -> None:
+def test_the_reward_loop_keys_are_the_served_reward_model_settings() -> None:
+    """verl's reward-loop keys: use_reward_loop is noted; reward_model.rollout holds how a generative reward model
+    is served (a classifier one says at start-up that it reads none of it, hybridflow.workers.reward_service)."""
     cfg = load_config(None, RM_LOOP)
     assert cfg.reward_model.enable and cfg.reward_model.model.path == "/models/rm"
-    notes = " ".join(cfg.verl_notes)
-    assert "reward_model.use_reward_loop=true" in notes and "reward_model.rollout (" in notes
-    assert "classifier reward model runs as a forward pass on its FSDP worker" in notes
+    assert "reward_model.use_reward_loop=true" in " ".join(cfg.verl_notes)
+    ro = cfg.reward_model.rollout
+    assert (ro.name, ro.gpu_memory_utilization, ro.prompt_length, ro.response_length) == ("vllm", 0.8, 8192, 4096)
     rules = load_config(None, ["reward_model.use_reward_loop=True"])  # rule scoring in the loop: our manager
     assert not rules.reward_model.enable and "reward_model.use_reward_loop=true" in " ".join(rules.verl_notes)
 
 
-def test_generative_reward_model_keys_stay_refused() -> None:
+def test_reward_model_sampling_keys_are_refused_with_where_sampling_comes_from() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, [*RM_LOOP, "reward_model.rollout.temperature=0.7"])
     (problem,) = info.value.problems
-    assert problem.startswith("reward_model.rollout: verl's generative reward model")
-    assert "is not built in HybridFlow yet" in problem
+    assert problem.startswith("reward_model.rollout.temperature: the reward model's replicas read only their serving")
+    assert "sampling_params of /generate" in problem
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["reward_model.enable_resource_pool=true", "reward_model.nnodes=1"], "n_gpus_per_node >= 1 (got 1 x 0)"),
+        (["reward_model.nnodes=2"], "which is off; set reward_model.enable_resource_pool=true"),
+    ],
+)
+def test_the_reward_pool_must_have_a_shape_and_be_on_to_be_sized(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", "\\(").replace(")", "\\)")):
+        load_config(None, [*RM_LOOP, *overrides])
+    cfg = load_config(None, [*RM_LOOP, "reward_model.enable_resource_pool=true", "reward_model.nnodes=2",
+                             "reward_model.n_gpus_per_node=8"])
+    assert (cfg.reward_model.nnodes, cfg.reward_model.n_gpus_per_node) == (2, 8)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import data_extras, distillation, export, profiler, verl_features
 from .errors import shorten
-from .names import GROUP_ESTIMATORS, SERVER_ROLLOUT_NAMES, SUM_PI_SQUARED_ESTIMATORS
+from .names import GROUP_ESTIMATORS, SERVER_ROLLOUT_NAMES, SUM_PI_SQUARED_ESTIMATORS, TOOL_CALL_FORMATS
 
 if TYPE_CHECKING:
     from .root import HybridFlowConfig
@@ -336,12 +336,50 @@ def _lengths(cfg: HybridFlowConfig) -> list[str]:
     return out
 
 
+def changed_fields(section: Any) -> list[str]:
+    """The fields of a config section whose values differ from the section's defaults (a saved and reloaded config
+    sets every field, so `model_fields_set` would name them all)."""
+    default = type(section)()
+    return [name for name in type(section).model_fields if getattr(section, name) != getattr(default, name)]
+
+
+RM_SERVING_KEYS = (
+    "name", "mode", "tensor_model_parallel_size", "gpu_memory_utilization", "prompt_length", "response_length",
+    "max_model_len", "max_num_seqs", "max_num_batched_tokens", "free_cache_engine", "enforce_eager", "dtype",
+    "load_format", "enable_chunked_prefill", "enable_prefix_caching", "engine_kwargs", "replicas", "seed",
+)
+"""What a served reward model's replicas read of `reward_model.rollout` (mode: always server replicas)."""
+
+
 def _reward_model(cfg: HybridFlowConfig) -> list[str]:
-    """An enabled reward model gets what it reads: the prompt chats to re-render, a token budget that fits."""
+    """An enabled reward model gets what it reads: the prompt chats to re-render, a token budget that fits, a pool
+    of its own that exists."""
     rm = cfg.reward_model
-    if not rm.enable:
-        return []
     out = []
+    if rm.enable_resource_pool and (rm.nnodes < 1 or rm.n_gpus_per_node < 1):
+        out.append(
+            f"reward_model.enable_resource_pool: the reward model's own pool needs reward_model.nnodes >= 1 and "
+            f"reward_model.n_gpus_per_node >= 1 (got {rm.nnodes} x {rm.n_gpus_per_node}); set both, or "
+            "enable_resource_pool=false to share the actor's devices"
+        )
+    if not rm.enable_resource_pool and (rm.nnodes or rm.n_gpus_per_node):
+        out.append(
+            f"reward_model.nnodes / n_gpus_per_node ({rm.nnodes} x {rm.n_gpus_per_node}) size the reward model's own "
+            "pool, which is off; set reward_model.enable_resource_pool=true, or set them to 0"
+        )
+    stray = sorted(set(changed_fields(rm.rollout)) - set(RM_SERVING_KEYS))
+    if stray:
+        out.append(
+            f"reward_model.rollout.{stray[0]}: the reward model's replicas read only their serving settings "
+            f"({', '.join(RM_SERVING_KEYS)}); a generative reward model samples as the custom reward function's "
+            f"request asks (sampling_params of /generate, or the OpenAI request); remove "
+            + ", ".join(f"reward_model.rollout.{k}" for k in stray)
+        )
+    if rm.enable_resource_pool and not rm.enable:
+        out.append("reward_model.enable_resource_pool: there is no reward model to place (reward_model.enable=false); "
+                   "set reward_model.enable=true with reward_model.model.path, or enable_resource_pool=false")
+    if not rm.enable:
+        return out
     if rm.model.input_tokenizer and not cfg.data.return_raw_chat:
         out.append(
             "data.return_raw_chat: reward_model.model.input_tokenizer is set, so each prompt's chat messages are "
@@ -395,7 +433,7 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.multi_turn / agent: tool calling and agent loops run in server mode only; set "
             f"{ROLLOUT}.mode=async"
         )
-    if mt.format != "hermes":
+    if mt.format not in TOOL_CALL_FORMATS:
         out.append(f"{ROLLOUT}.multi_turn.format: {verl_features.TOOL_FORMATS.message} (got {shorten(mt.format)})")
     if mt.use_inference_chat_template:
         out.append(

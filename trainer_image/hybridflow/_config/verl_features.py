@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .names import TOOL_CALL_FORMATS
+
 
 @dataclass(frozen=True)
 class Feature:
@@ -98,16 +100,6 @@ MEGATRON_LORA = Feature(
     "megatron_lora", "verl's Megatron LoRA section (model.lora.*)",
     "use actor_rollout_ref.model.lora_rank, lora_alpha and target_modules (peft LoRA on FSDP2)",
 )
-REWARD_LOOP = Feature(
-    "reward_loop", "verl's generative reward model (a reward model served for generation by the reward loop)",
-    "remove the reward_model.rollout sampling keys; score with rules, custom_reward_function.path, or a classifier "
-    "reward model (reward_model.enable=true; the reward loop's serving keys name, tensor_model_parallel_size, "
-    "gpu_memory_utilization, prompt_length, response_length, ... are accepted)",
-    later=True,
-)
-REWARD_POOL = Feature(
-    "reward_pool", "a separate reward-model resource pool", "remove it: the reward model shares the actor's devices",
-)
 REWARD_MANAGERS = Feature(
     "reward_manager", "this verl reward manager", "use reward_model.reward_manager=naive, dapo, batch or prime",
     later=True,
@@ -136,7 +128,8 @@ REPEAT_ROLLOUTS = Feature(
 )
 TOOL_FORMATS = Feature(
     "tool_format", "this multi-turn tool-call format",
-    "set actor_rollout_ref.rollout.multi_turn.format=hermes (<tool_call>{json}</tool_call>)",
+    f"set actor_rollout_ref.rollout.multi_turn.format to one of {', '.join(TOOL_CALL_FORMATS)} (hermes: "
+    "<tool_call>{json}</tool_call>, as Qwen's chat templates write; gpt-oss: Harmony), or qwen, read as hermes",
 )
 CUSTOM_SERVER = Feature(
     "custom_server", "a custom async rollout server class", "remove it: the built-in vLLM AsyncLLM or SGLang replicas serve every agent loop",
@@ -152,11 +145,6 @@ DATA_EXTRAS = Feature(
     "data_extras", "this verl data option",
     "remove it: prompts come from data.prompt_key of verl-layout parquet, shuffled by data.shuffle and data.seed",
     later=True,
-)
-CHAT_KWARGS_TOOLS = Feature(
-    "data_extras", "data.apply_chat_template_kwargs with tool calling (multi_turn.enable=true)",
-    "remove data.apply_chat_template_kwargs or turn multi-turn off: the tool agent renders its chat with the tool "
-    "schemas itself", later=True,
 )
 LOGGERS = Feature(
     "logger", "this verl logger or log folder",
@@ -183,12 +171,6 @@ DISTILL_TOPK = Feature(
 )
 
 _ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
-_RM_SERVING_KEYS = (
-    "name", "mode", "gpu_memory_utilization", "tensor_model_parallel_size", "data_parallel_size", "prompt_length",
-    "response_length", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "free_cache_engine", "enforce_eager",
-    "dtype", "load_format", "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats",
-)
-"""The keys of `reward_model.rollout` that only say how verl serves a (classifier) reward model."""
 _POLICY_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref")
 
 
@@ -219,19 +201,12 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("actor_rollout_ref.rollout.layered_summon", None,
             note="a memory saver of verl's LoRA weight sync (gather layer by layer); here the merged weights are "
             "gathered whole, with the same result"),
-    VerlKey("reward_model.use_reward_loop", REWARD_LOOP, accepts=(False, True),
+    VerlKey("reward_model.use_reward_loop", None,
             note="verl's reward loop (true) and classic path (false) give the same scores: rules or "
-            "custom_reward_function through reward_model.reward_manager, or the classifier reward model "
-            "(reward_model.enable) on its FSDP worker"),
-    VerlKey("reward_model.rollout", REWARD_LOOP, accepts_keys=_RM_SERVING_KEYS,
-            note="how verl's reward loop serves the reward model (engine, parallelism, memory, lengths); here the "
-            "classifier reward model runs as a forward pass on its FSDP worker, reading whole prompts and responses"),
+            "custom_reward_function through reward_model.reward_manager, the classifier reward model "
+            "(reward_model.enable) on its FSDP worker, or a generative one served on replicas for the custom function"),
     VerlKey("reward_model.num_workers", None,
             note="reward-loop worker count; rule scoring here runs in the trainer (time-limited by score_timeout_s)"),
-    VerlKey("reward_model.enable_resource_pool", REWARD_POOL, accepts=(False,),
-            note="false: the reward model shares the actor's devices, as here"),
-    VerlKey("reward_model.nnodes", REWARD_POOL, accepts=(0,), note="0: no pool of its own, as here"),
-    VerlKey("reward_model.n_gpus_per_node", REWARD_POOL, accepts=(0,), note="0: no pool of its own, as here"),
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.torch.step_start", feature=PROFILER_WINDOW,
            accepts=(0, -1), note="the whole update is traced, as here"),
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.torch.step_end", feature=PROFILER_WINDOW,
@@ -442,7 +417,7 @@ def all_features() -> list[Feature]:
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
     for feature in [*candidates, ROLLOUT_TP_NODES, TOOL_FORMATS, CUSTOM_SERVER,
-                    DISTILL_GKD, MULTI_TEACHER, CHAT_KWARGS_TOOLS]:
+                    DISTILL_GKD, MULTI_TEACHER]:
         if feature is not None:
             found.setdefault(feature.message, feature)
     return list(found.values())

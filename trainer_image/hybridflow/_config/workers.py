@@ -393,7 +393,12 @@ class MultiTurnConfig(Section):
         default="strict",
         description="Accepted for verl compatibility; token ids are never re-tokenised here, so there is nothing to check.",
     )
-    format: str = Field(default="hermes", description="Tool-call format the parser reads: hermes (<tool_call>{json}</tool_call>).")
+    format: str = Field(
+        default="hermes",
+        description="Tool-call format of the model's turns (verl's tool parsers): hermes (<tool_call>{json}</tool_call>, "
+        "as Qwen's chat templates write; verl configs' qwen is read as it, with a note) or gpt-oss (Harmony: a "
+        "commentary-channel message to=functions.NAME with JSON arguments; its turns are decoded with special tokens).",
+    )
     max_tokens_per_turn: int | None = Field(
         default=None, gt=0, description="HybridFlow: new tokens per model turn; null: what is left of response_length."
     )
@@ -602,4 +607,21 @@ class RewardModelConfig(Section):
         default_factory=SandboxFusionConfig,
         description="The code sandbox of the built-in code scorers (verl's reward_model.sandbox_fusion); time them "
         "with score_timeout_s, which covers all of a response's test cases.",
+    )
+    enable_resource_pool: bool = Field(
+        default=False,
+        description="Give the reward model devices of its own (nnodes x n_gpus_per_node), apart from the trainer's; "
+        "false: it shares the actor's. A generative reward model needs its own pool.",
+    )
+    nnodes: int = Field(default=0, ge=0, description="Nodes of the reward model's own pool (enable_resource_pool).")
+    n_gpus_per_node: int = Field(
+        default=0, ge=0, description="Devices per node of the reward model's own pool (enable_resource_pool; on CPU: "
+        "worker slots)."
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig,
+        description="How a generative reward model (a causal LM at reward_model.model.path, verl's GenRM) is served: "
+        "engine (name), tensor_model_parallel_size, gpu_memory_utilization, lengths, ... of its server replicas, "
+        "whose address custom_reward_function receives as reward_router_address. A classifier reward model is a "
+        "forward pass on its FSDP worker and reads none of it (said at start-up).",
     )

@@ -4,6 +4,9 @@ can be trained; every call's token ids are captured server-side.
     GET  /v1/models
     POST /v1/completions          {"prompt": text | [token ids], "max_tokens", "temperature", "top_p", ...}
     POST /v1/chat/completions     {"messages", "tools", "max_tokens" | "max_completion_tokens", ...}
+    POST /generate                SGLang's native shape: {"input_ids" | "text", "sampling_params": {"max_new_tokens",
+                                  "temperature", "top_p", "top_k"}} -> {"text", "output_ids", "meta_info"}
+                                  (max_new_tokens capped at the endpoint's default_max_tokens)
 
 Under `/sessions/<id>/v1/...` the calls belong to one training trajectory (`OpenAIAgentLoop` opens the
 session and gives the agent that base URL): they go to one replica (the router's sticky sessions, so its
@@ -11,8 +14,9 @@ prefix cache holds the conversation), their sampling is the rollout's (a request
 temperature or top_p is refused: the policy's samples must come from the configured distribution), their
 tokens count against the trajectory's response budget (a call past it returns an empty completion with
 finish_reason "length"), and each call's prompt ids, output ids and log-probs are kept for the trajectory.
-Chat requests are rendered with the policy's chat template (tools included) and answered in OpenAI's
-shape; Hermes `<tool_call>` blocks in the output become `message.tool_calls`. Streaming and n > 1 are
+Chat requests are rendered with the policy's chat template (tools and `data.apply_chat_template_kwargs`
+included) and answered in OpenAI's shape; tool calls in the output (`multi_turn.format`: Hermes `<tool_call>`
+blocks, or gpt-oss's Harmony calls) become `message.tool_calls`. Streaming and n > 1 are
 refused with a message. Outside a session the endpoint serves plain requests (evaluation, debugging).
 
 The server runs on the agent loops' event loop (aiohttp), bound to 127.0.0.1 unless configured otherwise
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridflow.agent.base import AsyncServerClient
-from hybridflow.agent.chat import render_ids, turn_ids
+from hybridflow.agent.chat import render_ids
 from hybridflow.agent.tool_parser import FunctionCall, get_tool_parser
 
 MODEL_NAME = "policy"
@@ -71,12 +75,14 @@ class Session:
 class OpenAIServer:
     """The endpoint (see the module docstring); `start` on the event loop that runs the router."""
 
-    def __init__(self, router: AsyncServerClient, tokenizer: Any, *, host: str = "127.0.0.1", port: int = 0,
-                 tool_format: str = "hermes", default_max_tokens: int = 256) -> None:
+    def __init__(self, router: AsyncServerClient | None, tokenizer: Any, *, host: str = "127.0.0.1", port: int = 0,
+                 tool_format: str = "hermes", default_max_tokens: int = 256,
+                 chat_template_kwargs: dict[str, Any] | None = None) -> None:
         self.router = router
         self.tokenizer = tokenizer
         self.host, self.port = host, port
-        self.parse = get_tool_parser(tool_format)
+        self.parser = get_tool_parser(tool_format)
+        self.template_kwargs = dict(chat_template_kwargs or {})  # verl's data.apply_chat_template_kwargs
         self.default_max_tokens = default_max_tokens
         self.sessions: dict[str, Session] = {}
         self._runner: Any = None
@@ -91,6 +97,7 @@ class OpenAIServer:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/generate", self._native_generate)
         app.router.add_get("/sessions/{sid}/v1/models", self._models)
         app.router.add_post("/sessions/{sid}/v1/completions", self._completions)
         app.router.add_post("/sessions/{sid}/v1/chat/completions", self._chat)
@@ -133,6 +140,8 @@ class OpenAIServer:
     async def _serve(self, request: Any, *, chat: bool) -> Any:
         from aiohttp import web
 
+        if self.router is None:
+            return _error(503, "the model's replicas are still starting; retry shortly", "unavailable")
         try:
             session = self._session(request)
             body = await _json_body(request)
@@ -149,7 +158,7 @@ class OpenAIServer:
         if not chat:
             choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None, "token_ids": ids}
             return web.json_response({**base, "object": "text_completion", "choices": [choice]})
-        message = self._message(text, bool(tools))
+        message = self._message(ids, text, bool(tools))
         if message.get("tool_calls"):
             reason = "tool_calls"
         if session is not None:
@@ -157,6 +166,38 @@ class OpenAIServer:
             session.context_ids = prompt_ids + ids
         choice = {"index": 0, "message": message, "finish_reason": reason, "logprobs": None, "token_ids": ids}
         return web.json_response({**base, "object": "chat.completion", "choices": [choice]})
+
+    async def _native_generate(self, request: Any) -> Any:
+        """SGLang's /generate (what verl's generative-reward functions post to): token ids or text in, one greedy or
+        sampled continuation out, outside any session."""
+        from aiohttp import web
+
+        try:
+            body = await _json_body(request)
+            prompt_ids = self._native_prompt(body)
+            params = _native_sampling(body.get("sampling_params") or {}, self.default_max_tokens)
+        except RequestError as err:
+            return _error(400, str(err))
+        if self.router is None:
+            return _error(503, "the model's replicas are still starting; retry shortly", "unavailable")
+        out = await self.router.generate(request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, sampling_params=params)
+        ids = list(out.token_ids)
+        meta = {"finish_reason": {"type": out.finish_reason}, "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(ids), "cached_tokens": out.cached_tokens or 0}
+        if out.log_probs is not None:
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(out.log_probs, ids, strict=False)]
+        return web.json_response({"text": self.tokenizer.decode(ids, skip_special_tokens=True), "output_ids": ids,
+                                  "meta_info": meta})
+
+    def _native_prompt(self, body: dict[str, Any]) -> list[int]:
+        ids, text = body.get("input_ids"), body.get("text")
+        if ids is not None:
+            if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                return list(ids)
+            raise RequestError("'input_ids' must be a non-empty list of token ids (one prompt per request)")
+        if isinstance(text, str) and text:
+            return list(self.tokenizer(text)["input_ids"])
+        raise RequestError("send 'input_ids' (a list of token ids) or 'text' (a string), one prompt per request")
 
     # -- pieces -----------------------------------------------------------------------------------
     def _session(self, request: Any) -> Session | None:
@@ -196,9 +237,10 @@ class OpenAIServer:
         if session is not None and session.messages and len(messages) > len(session.messages) and all(
             _same_message(a, b) for a, b in zip(messages[: len(session.messages)], session.messages, strict=True)
         ):
-            done = session.messages
-            return session.context_ids + turn_ids(self.tokenizer, [_plain_message(m) for m in messages[len(done):]])
-        return render_ids(self.tokenizer, [_plain_message(m) for m in messages], tools=tools)
+            new = [_plain_message(m) for m in _with_call_names(messages)[len(session.messages):]]
+            return session.context_ids + self.parser.render_turn(self.tokenizer, new, template_kwargs=self.template_kwargs)
+        return render_ids(self.tokenizer, [_plain_message(m) for m in _with_call_names(messages)], tools=tools,
+                          template_kwargs=self.template_kwargs)
 
     async def _generate(self, sid: str | None, session: Session | None, body: dict[str, Any],
                         prompt_ids: list[int]) -> tuple[Any, list[int]]:
@@ -230,18 +272,36 @@ class OpenAIServer:
         session.calls.append(Call(list(prompt_ids), ids, logprobs, out.cached_tokens))
         return out, ids
 
-    def _message(self, text: str, with_tools: bool) -> dict[str, Any]:
+    def _message(self, ids: list[int], text: str, with_tools: bool) -> dict[str, Any]:
+        content, calls = self.parser.read(self.tokenizer, ids)
+        # Without a call the text is the answer (a malformed call stays in sight), except in Harmony, whose text
+        # without its special tokens runs channel names into the words: there the answer is the parsed content.
+        answer = content if self.parser.keep_special_tokens else text
         if not with_tools:
-            return {"role": "assistant", "content": text}
-        content, calls = self.parse(text)
+            return {"role": "assistant", "content": answer}
         tool_calls = [
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
              "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for c in calls if isinstance(c, FunctionCall)
         ]
-        if not tool_calls:  # no call, or only malformed ones: the text is the answer
-            return {"role": "assistant", "content": text}
+        if not tool_calls:  # no call, or only malformed ones
+            return {"role": "assistant", "content": answer}
         return {"role": "assistant", "content": content.strip() or None, "tool_calls": tool_calls}
+
+
+def _with_call_names(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool messages given the name of the call they answer (by tool_call_id) where they lack one: Harmony
+    writes a tool's reply as from that function."""
+    names: dict[Any, Any] = {}
+    out = []
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id"):
+                names[call["id"]] = (call.get("function") or {}).get("name")
+        if message.get("role") == "tool" and not message.get("name") and names.get(message.get("tool_call_id")):
+            message = {**message, "name": names[message["tool_call_id"]]}
+        out.append(message)
+    return out
 
 
 def _same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -255,6 +315,27 @@ def _same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def _calls_of(message: dict[str, Any]) -> list[tuple[str, Any]]:
     return [(str(c.get("function", {}).get("name")), c.get("function", {}).get("arguments"))
             for c in _plain_message(message).get("tool_calls") or [] if isinstance(c, dict)]
+
+
+def _native_sampling(sampling: Any, default_max_tokens: int) -> dict[str, Any]:
+    """The router's sampling dict from SGLang's `sampling_params` (temperature 0: greedy; defaults: SGLang's);
+    max_new_tokens is capped at `default_max_tokens`, the served model's response length."""
+    if not isinstance(sampling, dict):
+        raise RequestError("'sampling_params' must be an object (max_new_tokens, temperature, top_p, top_k)")
+    unknown = sorted(set(sampling) - {"max_new_tokens", "temperature", "top_p", "top_k", "skip_special_tokens"})
+    if unknown:
+        raise RequestError(f"sampling_params {', '.join(unknown)} not supported here; use max_new_tokens, "
+                           "temperature, top_p, top_k")
+    limit = sampling.get("max_new_tokens", default_max_tokens)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise RequestError(f"max_new_tokens must be a positive integer (got {limit!r})")
+    limit = min(limit, default_max_tokens)  # the served model's response length (its context holds no more)
+    temperature = _number(sampling, "temperature") if "temperature" in sampling else 1.0
+    top_k = sampling.get("top_k", -1)
+    if not isinstance(top_k, int) or isinstance(top_k, bool):
+        raise RequestError(f"top_k must be an integer (got {top_k!r})")
+    return {"max_tokens": limit, "temperature": temperature, "do_sample": temperature > 0,
+            "top_p": _number(sampling, "top_p") if "top_p" in sampling else 1.0, "top_k": top_k}
 
 
 def _number(body: dict[str, Any], key: str) -> float:

@@ -1,19 +1,29 @@
 """Load a user's reward function from a Python file (``custom_reward_function.path`` / ``.name``).
 
 The function has verl's signature,
-``fn(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs) -> float | dict``.
+``fn(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs) -> float | dict``, and may be
+``async def`` (verl's reward loop awaits it; here each call runs to completion in the scoring process).
 `load_custom_reward_fn` returns a `CustomRewardFunction`: callable with that signature (the configured
 ``reward_kwargs`` bound) and picklable by path, so it can be shipped to a Ray actor and re-imported there
 (a function imported from a file path has no importable module name, so plain pickle cannot send it).
+
+With a generative reward model served for it (`hybridflow.workers.reward_service`), the function also gets
+verl's reward-loop arguments, those its signature names: ``reward_router_address`` (host:port of the served
+model's HTTP endpoint: SGLang's ``/generate`` and OpenAI's ``/v1/chat/completions``), ``reward_model_tokenizer``
+(loaded once per scoring process) and ``reward_model_path``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import inspect
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
+
+#: verl's reward-loop arguments a custom function may name to use a served (generative) reward model.
+SERVED_ARGUMENTS = ("reward_router_address", "reward_model_tokenizer", "reward_model_path")
 
 
 class CustomRewardError(ValueError):
@@ -77,19 +87,49 @@ class CustomRewardFunction:
         self.path = path
         self.name = name
         self.reward_kwargs = dict(reward_kwargs or {})
+        self.served: dict[str, str] = {}  # reward_router_address, reward_model_path (`serve_reward_model`)
         self._fn = _resolve(path, name)
+        self._rm_tokenizer: Any = None
+
+    def wants_reward_model(self) -> bool:
+        """Whether the function names `reward_router_address` (it calls a served reward model, verl's GenRM)."""
+        return "reward_router_address" in inspect.signature(self._fn).parameters
+
+    def serve_reward_model(self, address: str, model_path: str) -> None:
+        """Pass a served reward model's endpoint (host:port) and path to every call from now on."""
+        self.served = {"reward_router_address": address, "reward_model_path": model_path}
+
+    def _served_kwargs(self) -> dict[str, Any]:
+        """The reward-loop arguments the function's signature names (all of them for one taking **kwargs)."""
+        if not self.served:
+            return {}
+        params = inspect.signature(self._fn).parameters
+        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        wanted = [n for n in SERVED_ARGUMENTS if open_ended or n in params]
+        out: dict[str, Any] = {n: self.served[n] for n in wanted if n in self.served}
+        if "reward_model_tokenizer" in wanted:
+            if self._rm_tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._rm_tokenizer = AutoTokenizer.from_pretrained(self.served["reward_model_path"])
+            out["reward_model_tokenizer"] = self._rm_tokenizer
+        return out
+
+    def _call(self, **kwargs: Any) -> Any:
+        """The user's function with the bound and served arguments; an `async def` one is run to completion."""
+        result = self._fn(**kwargs, **self.reward_kwargs, **self._served_kwargs())
+        if inspect.isawaitable(result):
+            return asyncio.run(_awaited(result))
+        return result
 
     def __call__(
         self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None
     ) -> float | dict[str, Any]:
         """Call the user's function with verl's keyword arguments and the bound ``reward_kwargs``."""
-        return self._fn(
-            data_source=data_source,
-            solution_str=solution_str,
-            ground_truth=ground_truth,
-            extra_info=extra_info,
-            **self.reward_kwargs,
+        result: float | dict[str, Any] = self._call(
+            data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info
         )
+        return result
 
     def batched(
         self,
@@ -99,26 +139,28 @@ class CustomRewardFunction:
         extra_infos: list[dict[str, Any] | None],
     ) -> Any:
         """Call a batched user function (``reward_manager=batch``): lists in, one score per sample out."""
-        return self._fn(
-            data_sources=data_sources,
-            solution_strs=solution_strs,
-            ground_truths=ground_truths,
-            extra_infos=extra_infos,
-            **self.reward_kwargs,
+        return self._call(
+            data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths, extra_infos=extra_infos
         )
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle the location only; the receiving process re-imports the file."""
-        return {"path": self.path, "name": self.name, "reward_kwargs": self.reward_kwargs}
+        return {"path": self.path, "name": self.name, "reward_kwargs": self.reward_kwargs, "served": self.served}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Re-import the function in the receiving process."""
         self.path, self.name, self.reward_kwargs = state["path"], state["name"], state["reward_kwargs"]
+        self.served = dict(state.get("served") or {})
         self._fn = _resolve(self.path, self.name)
+        self._rm_tokenizer = None
 
     def __repr__(self) -> str:
         """Where the function comes from."""
         return f"CustomRewardFunction(path={self.path!r}, name={self.name!r})"
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def load_custom_reward_fn(

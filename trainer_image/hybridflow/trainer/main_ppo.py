@@ -118,10 +118,11 @@ def actor_role(cfg: HybridFlowConfig) -> str:
     return "_".join(parts)
 
 
-def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
-    """Create the actor(+rollout+ref) group, a critic group for GAE, a reward-model group when enabled, a
-    distillation teacher group when enabled, and a rollout group when split; critic, reward model and teacher
-    share the actor's slots (global pool)."""
+def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm: Any = None) -> Any:
+    """Create the actor(+rollout+ref) group, a critic group for GAE, a reward-model group when enabled (or the
+    replicas of `served_rm`, a generative reward model), a distillation teacher group when enabled, and a rollout
+    group when split; critic, reward model and teacher share the actor's slots (global pool), the reward model its
+    own pool with reward_model.enable_resource_pool."""
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
     from hybridflow.trainer.ray_trainer import WorkerGroups
     from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
@@ -130,9 +131,12 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
     nodes = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
     split = cfg.trainer.placement == "split"
     server_mode = cfg.actor_rollout_ref.rollout.mode == "async"
-    spec = {"global_pool": nodes, **({"rollout_pool": nodes} if split else {})}
-    mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool", "reward_model": "global_pool",
-               "teacher": "global_pool"}
+    rm = cfg.reward_model
+    own_rm_pool = rm.enable and rm.enable_resource_pool
+    spec = {"global_pool": nodes, **({"rollout_pool": nodes} if split else {}),
+            **({"reward_pool": [rm.n_gpus_per_node] * rm.nnodes} if own_rm_pool else {})}
+    mapping = {"actor_rollout_ref": "global_pool", "critic": "global_pool",
+               "reward_model": "reward_pool" if own_rm_pool else "global_pool", "teacher": "global_pool"}
     if split:
         mapping["rollout"] = "rollout_pool"
     on_gpu = cfg.trainer.device == "cuda"
@@ -145,7 +149,8 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
         # the distillation teacher.
         max_colocate_count=max(
             2,
-            1 + int(cfg.critic_enabled) + int(cfg.reward_model.enable) + int(server_mode) + int(cfg.distillation.enabled),
+            1 + int(cfg.critic_enabled) + int(rm.enable and not own_rm_pool) + int(server_mode)
+            + int(cfg.distillation.enabled),
         ),
     )
     actor = RayWorkerGroup(
@@ -176,7 +181,9 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None) -> Any:
         )
         critic.init_model()
     reward_model = None
-    if cfg.reward_model.enable:
+    if served_rm is not None:
+        served_rm.start(manager.get_resource_pool("reward_model"))
+    elif cfg.reward_model.enable:
         reward_model = RayWorkerGroup(
             manager.get_resource_pool("reward_model"),
             RayClassWithInitArgs(RewardModelWorker, config=cfg),
@@ -210,20 +217,39 @@ def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:
     return train, val
 
 
-def build_reward_fns(cfg: HybridFlowConfig, tokenizer: Any, data_sources: set[str]) -> tuple[Any, Any]:
+def build_reward_fns(cfg: HybridFlowConfig, tokenizer: Any, data_sources: set[str],
+                     served: Any = None) -> tuple[Any, Any]:
     """Reward managers for training and validation; fails now when a data source has no scorer.
 
-    With a reward model every response is scored by it (the managers return its `rm_scores`), so data
-    sources need no rule scorer then.
+    With a classifier reward model every response is scored by it (the managers return its `rm_scores`), so data
+    sources need no rule scorer then. `served`: the generative reward model `plan_reward_model` planned, whose
+    endpoint the custom function is pointed at.
     """
-    from hybridflow.rewards import RewardManager, check_reward_sources, load_custom_reward_fn_from_config
+    from hybridflow.rewards import RewardManager, check_reward_sources
 
-    custom = load_custom_reward_fn_from_config(cfg)
-    if not cfg.reward_model.enable:
+    custom = reward_function(cfg)
+    if served is not None:
+        custom.serve_reward_model(served.address, served.model_path)
+    if not cfg.reward_model.enable or served is not None:
         check_reward_sources(sorted(data_sources), custom)
     train_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom)
     val_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom, num_examine=1)
     return train_fn, val_fn
+
+
+def reward_function(cfg: HybridFlowConfig) -> Any:
+    """The configured custom reward function, or None."""
+    from hybridflow.rewards import load_custom_reward_fn_from_config
+
+    return load_custom_reward_fn_from_config(cfg)
+
+
+def plan_reward_model(cfg: HybridFlowConfig) -> Any:
+    """The served generative reward model (its endpoint listening), or None for a classifier one or none at all
+    (`hybridflow.workers.reward_service`); ValueError when a generative one cannot be used as configured."""
+    from hybridflow.workers.reward_service import plan_served_reward_model
+
+    return plan_served_reward_model(cfg, reward_function(cfg))
 
 
 def start_sandbox(cfg: HybridFlowConfig, data_sources: set[str]) -> Any:
@@ -249,7 +275,7 @@ def run(cfg: HybridFlowConfig) -> int:
     from hybridflow.trainer.ray_trainer import RayPPOTrainer, compute_total_training_steps
 
     model_cfg = cfg.actor_rollout_ref.model
-    sandbox = None
+    sandbox = served_rm = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path)
         train_loader, val_loader = build_data(cfg, tokenizer)
@@ -257,7 +283,8 @@ def run(cfg: HybridFlowConfig) -> int:
         if val_loader is not None:
             sources |= set(val_loader.dataset.data_sources())
         sandbox = start_sandbox(cfg, sources)  # before the reward managers: the code scorers take its URL
-        reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources)
+        served_rm = plan_reward_model(cfg)  # likewise: a custom function calling a generative reward model
+        reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources, served_rm)
         if cfg.distillation.enabled:  # an unreadable teacher or one with another vocabulary, before Ray starts
             from hybridflow.workers.teacher_worker import teacher_problem
 
@@ -267,6 +294,8 @@ def run(cfg: HybridFlowConfig) -> int:
     except (OSError, ValueError) as exc:  # bad paths, unreadable data, prompts too long, no scorer...
         if sandbox is not None:
             sandbox.close()
+        if served_rm is not None:
+            served_rm.close()
         raise StartupError(str(exc)) from exc
     # The workers' lr schedules need the run length (verl injects it the same way).
     total_steps = compute_total_training_steps(cfg, len(train_loader))
@@ -276,7 +305,7 @@ def run(cfg: HybridFlowConfig) -> int:
     try:
         if sandbox is not None:
             sandbox.start_servers()
-        workers = build_worker_groups(cfg, tokenizer)
+        workers = build_worker_groups(cfg, tokenizer, served_rm)
         if sandbox is not None and workers.rollout_service is not None:
             sandbox.point_tools(workers.rollout_service.manager.tools)
         try:
@@ -287,6 +316,8 @@ def run(cfg: HybridFlowConfig) -> int:
     finally:
         if sandbox is not None:
             sandbox.close()
+        if served_rm is not None:
+            served_rm.close()
     if cfg.trainer.export.enable and step >= trainer.total_training_steps:  # finished, not stopped by a signal
         from hybridflow.model_merger import export_final_checkpoint
 

@@ -164,7 +164,8 @@ def replica_slots(rank: int, tp: int, world_size: int) -> list[int]:
 class RolloutService:
     """Replicas + router + agent-loop manager for `rollout.mode=async` (see the module docstring)."""
 
-    def __init__(self, config: Any, tokenizer: Any, resource_pool: Any) -> None:
+    def __init__(self, config: Any, tokenizer: Any, resource_pool: Any, events: EventLoopThread | None = None) -> None:
+        """`events`: the event loop to run the router on (one already serving an endpoint in front of it)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -193,7 +194,7 @@ class RolloutService:
             self.seats.extend(seats)
             self.replicas.append(remote.options(**options(first)).remote(config, rank, peer_gpus or None))
         ray.get([r.ready.remote() for r in self.replicas])
-        self.events = EventLoopThread()
+        self.events = events or EventLoopThread()
         self.router = self.events.run(self._make_router())
         self.asynchronous = config.async_training.enabled
         # Asynchronous training: the loops talk to the replicas through a server that stamps every token
