@@ -191,3 +191,45 @@ def test_a_classifier_reward_model_stays_on_its_worker_and_says_rollout_is_unrea
                                         None) is None
     assert "reward_model.rollout (gpu_memory_utilization) has no effect" in caplog.text
     assert "ForTokenClassification" in caplog.text
+
+
+ASYNC_FN = textwrap.dedent('''
+    import asyncio
+
+    running = 0
+    most = 0
+
+
+    async def judge(data_source, solution_str, ground_truth, extra_info=None):
+        global running, most
+        running += 1
+        most = max(most, running)
+        try:
+            if solution_str.startswith("slow"):
+                await asyncio.sleep(30)
+            if solution_str.startswith("bad"):
+                raise RuntimeError("the judge could not parse its own answer")
+            await asyncio.sleep(0.05)
+            return {"score": 1.0, "most": float(most)}
+        finally:
+            running -= 1
+''')
+
+
+def test_async_reward_functions_are_awaited_together_each_under_its_budget(tmp_path: Path) -> None:
+    """Calls of an `async def` function (a served judge: mostly waiting) are awaited at once in the trainer process,
+    not one per scoring process; one that overruns its budget scores 0 as a timeout, one that raises as an error."""
+    from hybridflow.rewards.budget import Call
+    from hybridflow.rewards.pool import BudgetedScorer
+
+    (tmp_path / "fn.py").write_text(ASYNC_FN)
+    fn = load_custom_reward_fn(str(tmp_path / "fn.py"), "judge")
+    assert fn.is_async
+    texts = ["ok"] * 8 + ["slow", "bad"]
+    calls = [Call({"data_source": "toy", "solution_str": t, "ground_truth": "", "extra_info": {}}, 1.0) for t in texts]
+    scorer = BudgetedScorer(fn, workers=2)
+    outcomes = scorer.run(calls)
+    assert scorer._pool is None  # no scoring processes: awaited here
+    assert [o.status for o in outcomes] == ["ok"] * 8 + ["timeout", "error"]
+    assert max(o.value["most"] for o in outcomes[:8]) == 10  # all ten were running at once
+    assert "ran past its budget of 1 s" in outcomes[8].message and "could not parse" in outcomes[9].message

@@ -11,6 +11,7 @@ cannot be pickled.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -112,6 +113,44 @@ def _with_alarm(scorer: Callable[..., Any], call: Call, budget_s: float) -> Outc
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _Overrun:
         return Outcome("timeout", message=f"ran past its budget of {budget_s:g} s")
+
+
+#: Calls of an `async def` scorer awaited at once (each a request to a served model or a sandbox, mostly waiting).
+ASYNC_CONCURRENCY = 64
+
+
+def is_async_scorer(scorer: Any) -> bool:
+    """Whether the scorer is an `async def` function (verl's reward loop awaits those), directly or wrapped."""
+    return bool(getattr(scorer, "is_async", False)) or inspect.iscoroutinefunction(scorer)
+
+
+async def _awaited(scorer: Any, call: Call) -> Any:
+    if hasattr(scorer, "acall"):
+        return await scorer.acall(call.batched, **call.kwargs)
+    return await scorer(**call.kwargs)
+
+
+def score_concurrently(scorer: Any, calls: list[Call], concurrency: int = ASYNC_CONCURRENCY) -> list[Outcome]:
+    """Run an `async def` scorer's calls here, up to `concurrency` at once, each under its budget
+    (`asyncio.wait_for`: a call that blocks the event loop with CPU work is not stopped, one that awaits is)."""
+    import asyncio
+
+    async def one(gate: asyncio.Semaphore, call: Call) -> Outcome:
+        async with gate:
+            try:
+                return Outcome("ok", await asyncio.wait_for(_awaited(scorer, call), call.budget_s))
+            except asyncio.TimeoutError:
+                return Outcome("timeout", message=f"ran past its budget of {call.budget_s:g} s")
+            except FATAL_ERRORS:
+                raise
+            except Exception as exc:  # the user's code may raise anything
+                return Outcome("error", message=describe(exc))
+
+    async def every() -> list[Outcome]:
+        gate = asyncio.Semaphore(max(1, concurrency))
+        return list(await asyncio.gather(*(one(gate, call) for call in calls)))
+
+    return asyncio.run(every())
 
 
 def score_in_process(scorer: Callable[..., Any], calls: list[Call]) -> list[Outcome]:

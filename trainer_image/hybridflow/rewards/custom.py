@@ -2,7 +2,8 @@
 
 The function has verl's signature,
 ``fn(data_source, solution_str, ground_truth, extra_info=None, **reward_kwargs) -> float | dict``, and may be
-``async def`` (verl's reward loop awaits it; here each call runs to completion in the scoring process).
+``async def``: the reward managers then await up to `hybridflow.rewards.budget.ASYNC_CONCURRENCY` calls at once in
+the trainer process, each under its time budget (as verl's reward loop awaits them).
 `load_custom_reward_fn` returns a `CustomRewardFunction`: callable with that signature (the configured
 ``reward_kwargs`` bound) and picklable by path, so it can be shipped to a Ray actor and re-imported there
 (a function imported from a file path has no importable module name, so plain pickle cannot send it).
@@ -115,12 +116,22 @@ class CustomRewardFunction:
             out["reward_model_tokenizer"] = self._rm_tokenizer
         return out
 
+    @property
+    def is_async(self) -> bool:
+        """Whether the user's function is `async def` (the reward managers then await many calls at once)."""
+        return inspect.iscoroutinefunction(self._fn)
+
     def _call(self, **kwargs: Any) -> Any:
         """The user's function with the bound and served arguments; an `async def` one is run to completion."""
         result = self._fn(**kwargs, **self.reward_kwargs, **self._served_kwargs())
         if inspect.isawaitable(result):
             return asyncio.run(_awaited(result))
         return result
+
+    async def acall(self, batched: bool = False, **kwargs: Any) -> Any:
+        """Await an `async def` function with the bound and served arguments (`batched`: the batch manager's
+        list arguments)."""
+        return await self._fn(**kwargs, **self.reward_kwargs, **self._served_kwargs())
 
     def __call__(
         self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict[str, Any] | None = None

@@ -33,7 +33,17 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from hybridflow.rewards.budget import FATAL_ERRORS, Call, Outcome, Status, describe, guarded, score_in_process
+from hybridflow.rewards.budget import (
+    FATAL_ERRORS,
+    Call,
+    Outcome,
+    Status,
+    describe,
+    guarded,
+    is_async_scorer,
+    score_concurrently,
+    score_in_process,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +401,13 @@ class BudgetedScorer:
         self._warned = False
 
     def run(self, calls: list[Call]) -> list[Outcome]:
-        """The outcome of each call, in order; a configuration error (unknown data source) is raised."""
+        """The outcome of each call, in order; a configuration error (unknown data source) is raised.
+
+        An `async def` scorer's calls are awaited together in this process instead (`score_concurrently`): they
+        mostly wait on a served model or a sandbox, which processes of one call at a time would serialise.
+        """
+        if is_async_scorer(self.scorer):
+            return score_concurrently(self.scorer, calls)
         if all(call.budget_s is None for call in calls):
             return score_in_process(self.scorer, calls)
         if self._blob is not None and self._local_reason is None:
