@@ -79,12 +79,12 @@ def test_every_feature_message_says_not_supported_or_not_yet_and_what_to_do() ->
         ("reward_model.reward_manager=collabllm", "this verl reward manager is not built"),
         ("trainer.logger=[console,swanlab]", "trainer.logger[1]: "),
         ("global_profiler.tool=nsys", "global_profiler.tool: verl's nsys, npu and torch_memory profilers is not"),
-        ("actor_rollout_ref.rollout.tensor_model_parallel_size=16",
-         "more than a node has (8): rollout tensor parallelism across nodes is not built in HybridFlow yet"),
+        ("actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.tensor_model_parallel_size=16",
+         "more than a node has (8): a server replica (rollout.mode=async) spanning nodes is not built in HybridFlow yet"),
     ],
 )
 def test_a_verl_feature_is_refused_by_name_not_as_an_unknown_key(override: str, expected: str) -> None:
-    problems = _problems([override])
+    problems = _problems(override.split())
     assert len(problems) == 1 and expected in problems[0], problems
     assert verl_features.feature_of(problems[0]) is not None
     assert "unknown key" not in problems[0]

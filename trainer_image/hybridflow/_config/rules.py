@@ -74,9 +74,33 @@ def _divisors(n: int) -> str:
 def _cluster(cfg: HybridFlowConfig) -> list[str]:
     """Tensor parallelism and FSDP shard groups fit the nodes and the engine."""
     out = []
-    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    ro = cfg.actor_rollout_ref.rollout
+    tp = ro.tensor_model_parallel_size
     per_node = cfg.trainer.n_gpus_per_node
-    if tp > per_node:
+    sync_tp = ro.mode == "sync" and tp > 1
+    if sync_tp and cfg.trainer.device == "cpu":
+        out.append(
+            f"{ROLLOUT}.tensor_model_parallel_size: {tp} in sync mode shards one engine over the trainer's GPU ranks; "
+            f"on CPU each worker runs an engine of its own: set {ROLLOUT}.mode=async (a replica of {tp} engine "
+            "processes) or tensor_model_parallel_size=1"
+        )
+    elif sync_tp and ro.name == "sglang":
+        out.append(
+            f"{ROLLOUT}.tensor_model_parallel_size: {tp} with SGLang in sync mode is not built (each worker would start "
+            f"a {tp}-GPU engine of its own); set {ROLLOUT}.mode=async (SGLang replicas span {tp} GPUs) or "
+            "tensor_model_parallel_size=1"
+        )
+    elif sync_tp and ro.name == "vllm" and tp > per_node:
+        # one vLLM engine over tp consecutive ranks of the trainer's world (hybridflow.workers.rollout_tp): it may
+        # span nodes, whole ones
+        world = cfg.trainer.nnodes * per_node
+        if tp % per_node or world % tp:
+            out.append(
+                f"{ROLLOUT}.tensor_model_parallel_size: {tp} GPUs per engine span nodes of {per_node} GPUs, so it must "
+                f"be a multiple of trainer.n_gpus_per_node that divides the {world} GPUs (trainer.nnodes x "
+                f"n_gpus_per_node); use one of {_divisors(per_node)}, or such a multiple"
+            )
+    elif tp > per_node:
         out.append(
             f"{ROLLOUT}.tensor_model_parallel_size: {tp} GPUs per engine, more than a node has ({per_node}): "
             f"{verl_features.ROLLOUT_TP_NODES.message}: one of {_divisors(per_node)}"
@@ -86,7 +110,7 @@ def _cluster(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.tensor_model_parallel_size: {tp} does not divide trainer.n_gpus_per_node ({per_node}); "
             f"use one of {_divisors(per_node)}"
         )
-    if cfg.actor_rollout_ref.rollout.name == "hf" and tp != 1:
+    if ro.name == "hf" and tp != 1:
         out.append(f"{ROLLOUT}.tensor_model_parallel_size: the hf rollout does not shard; set it to 1")
     if not cfg.actor_rollout_ref.hybrid_engine:
         out.append(

@@ -126,19 +126,27 @@ def plus_defaults(defaults: dict[str, Any]) -> dict[str, Any]:
 
 
 def _server_mode_for_tools(out: Translation) -> None:
-    """Multi-turn tool calling with no rollout.mode given runs in server mode, as in verl (whose default is async).
+    """A config with no rollout.mode that sync mode cannot serve runs in server mode, as in verl (whose default is
+    async): multi-turn tool calling, and SGLang with tensor_model_parallel_size > 1 (a batch-mode SGLang engine
+    lives in one worker, a server replica spans the GPUs).
 
-    HybridFlow's own default stays sync (see RolloutConfig.mode); an explicit mode=sync is still refused
-    with multi-turn by the rules.
+    HybridFlow's own default stays sync (see RolloutConfig.mode); an explicit mode=sync is still refused for
+    these by the rules.
     """
     rollout = _group(out.mapping, "actor_rollout_ref.rollout")
-    multi_turn = (rollout or {}).get("multi_turn")
-    if rollout is None or "mode" in rollout or not isinstance(multi_turn, dict) or multi_turn.get("enable") is not True:
+    if rollout is None or "mode" in rollout:
+        return
+    multi_turn = rollout.get("multi_turn")
+    name = rollout.get("name", _field_default(("actor_rollout_ref", "rollout", "name")))
+    tp = rollout.get("tensor_model_parallel_size", 1)
+    if isinstance(multi_turn, dict) and multi_turn.get("enable") is True:
+        why = "multi_turn.enable=true runs"
+    elif name == "sglang" and isinstance(tp, int) and not isinstance(tp, bool) and tp > 1:
+        why = f"SGLang with tensor_model_parallel_size={tp} runs (a replica spans its GPUs)"
+    else:
         return
     rollout["mode"] = "async"
-    out.notes.append(
-        "rollout.mode=async set: multi_turn.enable=true runs in server mode (verl's default mode; HybridFlow's is sync)"
-    )
+    out.notes.append(f"rollout.mode=async set: {why} in server mode (verl's default mode; HybridFlow's is sync)")
 
 
 def _single_turn_in_sync_mode(out: Translation) -> None:

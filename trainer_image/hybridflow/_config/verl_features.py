@@ -119,8 +119,9 @@ ROLLOUT_EXTRAS = Feature(
     "remove it; engine arguments go in rollout.engine_kwargs.<engine>",
 )
 ROLLOUT_TP_NODES = Feature(
-    "rollout_tp_nodes", "rollout tensor parallelism across nodes",
-    "use a tensor_model_parallel_size that divides trainer.n_gpus_per_node", later=True,
+    "rollout_tp_nodes", "a server replica (rollout.mode=async) spanning nodes",
+    "use a tensor_model_parallel_size that divides trainer.n_gpus_per_node, or sync mode with vllm, whose engine "
+    "may span whole nodes", later=True,
 )
 REPEAT_ROLLOUTS = Feature(
     "num_repeat_rollouts", "verl's multi_turn.num_repeat_rollouts (repeating each interaction rollout)",

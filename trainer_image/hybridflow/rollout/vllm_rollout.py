@@ -187,6 +187,10 @@ class VLLMRollout(RolloutEngine):
         elif kwargs.get("distributed_executor_backend") == "external_launcher":
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the launcher needs the in-process engine
         self.in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        # one engine over tensor_model_parallel_size ranks of the worker group, each driving its shard: the
+        # worker gathers the group's prompts first (hybridflow.workers.rollout_tp)
+        self.sharded_over_ranks = (kwargs.get("distributed_executor_backend") == "external_launcher"
+                                   and int(kwargs.get("tensor_parallel_size", 1)) > 1)
         self.llm = LLM(**kwargs)
         tok = self.llm.get_tokenizer()
         self.eos_token_id = eos_token_ids(tok, self.llm.llm_engine.model_config.hf_config)

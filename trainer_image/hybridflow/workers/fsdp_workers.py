@@ -133,6 +133,7 @@ class ActorRolloutRefWorker(_DistributedWorker):
         self.actor: PPOActor | None = None
         self.ref: PPOActor | None = None
         self.rollout: Any = None
+        self.rollout_tp: Any = None  # `RolloutTPGroup` when the rollout engine is sharded over this group's ranks
 
     def _profile_roles(self) -> tuple[str, ...]:
         return tuple(sorted(self.roles))
@@ -167,6 +168,10 @@ class ActorRolloutRefWorker(_DistributedWorker):
             self.ref = self._build_ref(path, seed)
         if "rollout" in self.roles:
             self.rollout = self._build_rollout(path)
+            if getattr(self.rollout, "sharded_over_ranks", False):  # GPU, sync mode: one engine over tp ranks
+                from hybridflow.workers.rollout_tp import RolloutTPGroup
+
+                self.rollout_tp = RolloutTPGroup(self.config.actor_rollout_ref.rollout.tensor_model_parallel_size)
             self._sync_rollout()
 
     def _build_ref(self, path: str, seed: int) -> PPOActor:
@@ -214,6 +219,8 @@ class ActorRolloutRefWorker(_DistributedWorker):
         n = int(meta.get("n", 1))
         if n > 1:
             prompts = prompts.repeat(n, interleave=True)
+        if self.rollout_tp is not None:  # the engine's ranks generate their group's prompts together
+            return self.rollout_tp.generate(self.rollout, prompts)
         return self.rollout.generate(prompts)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
