@@ -553,7 +553,7 @@ class SandboxFusionConfig(Section):
     max_concurrent: int = Field(
         default=64,
         gt=0,
-        description="Sandbox runs at once: the scoring processes (reward_model.score_workers' default, up to 4) are "
+        description="Sandbox runs at once: the scoring processes (up to 4, one per CPU) are "
         "capped at this.",
     )
     memory_limit_mb: int = Field(default=1024, gt=0, description="Memory limit of each test-case run, in MiB.")
