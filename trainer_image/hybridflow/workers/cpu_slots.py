@@ -19,8 +19,8 @@ def cpu_share(cfg: HybridFlowConfig) -> float:
     """
     available = cfg.trainer.ray_init.num_cpus or os.cpu_count() or 1
     processes = cfg.trainer.n_gpus_per_node * (2 if cfg.trainer.placement == "split" else 1)
-    rm = cfg.reward_model
-    if rm.enable and rm.enable_resource_pool:  # the reward model's own pool, on the same machine's cores
+    rm = getattr(cfg, "reward_model", None)  # the SFT / DPO trainers' configs have none
+    if rm is not None and rm.enable and rm.enable_resource_pool:  # the reward model's own pool, on these cores
         processes += rm.n_gpus_per_node
     if available >= processes:
         return float(available // processes)
