@@ -163,7 +163,7 @@ def test_operator_requests_the_gpus_a_split_job_uses() -> None:
 def test_readme_lists_every_example() -> None:
     readme = (EXAMPLES / "README.md").read_text()
     listed = set(re.findall(r"^\| \[`([^`]+)`\]", readme, re.MULTILINE))
-    assert listed == {p.name for p in EXAMPLES.glob("*.yaml")}
+    assert listed == {p.name for p in (*EXAMPLES.glob("*.yaml"), *EXAMPLES.glob("*.py"))}
 
 
 def test_tiny_tool_agent_rljob_is_the_tool_agent_config() -> None:

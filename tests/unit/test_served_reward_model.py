@@ -233,3 +233,31 @@ def test_async_reward_functions_are_awaited_together_each_under_its_budget(tmp_p
     assert [o.status for o in outcomes] == ["ok"] * 8 + ["timeout", "error"]
     assert max(o.value["most"] for o in outcomes[:8]) == 10  # all ten were running at once
     assert "ran past its budget of 1 s" in outcomes[8].message and "could not parse" in outcomes[9].message
+
+
+@pytest.mark.parametrize(("reply", "score"), [("yes", 1.0), ("no", 0.0)])
+def test_the_llm_judge_example_scores_the_judge_s_reply(tmp_path: Path, reply: str, score: float) -> None:
+    """examples/llm_judge.py against the endpoint: the judge's chat prompt holds the question, the reference and
+    the answer, and its reply decides the score."""
+    from hybridflow.models.tiny import build_tiny_model
+    from hybridflow.rewards.budget import Call
+    from hybridflow.rewards.pool import BudgetedScorer
+
+    model = build_tiny_model(tmp_path / "judge")
+    events = EventLoopThread()
+    router = ScriptedServer([ids(reply)])
+    server = OpenAIServer(router, TOK, default_max_tokens=8)
+    try:
+        url = events.run(server.start())
+        fn = load_custom_reward_fn(str(Path(__file__).resolve().parents[2] / "examples" / "llm_judge.py"), "judge")
+        assert fn.is_async and fn.wants_reward_model()
+        fn.serve_reward_model(url.removeprefix("http://"), str(model))
+        (outcome,) = BudgetedScorer(fn).run([Call({"data_source": "toy", "solution_str": " b ", "ground_truth": "b",
+                                                    "extra_info": {"question": "copy b"}}, 5.0)])
+    finally:
+        events.run(server.stop())
+        events.close()
+    assert outcome.status == "ok" and outcome.value == {"score": score, "judge_said_yes": score}
+    prompt = TOK.decode(router.calls[0]["prompt_ids"]).replace(" ", "")  # the toy tokenizer has no space token
+    assert "Question:copyb" in prompt and "Referenceanswer:b" in prompt and "Studentanswer:b" in prompt
+    assert router.calls[0]["params"]["do_sample"] is False and router.calls[0]["params"]["max_tokens"] == 8
