@@ -125,9 +125,7 @@ def is_async_scorer(scorer: Any) -> bool:
 
 
 async def _awaited(scorer: Any, call: Call) -> Any:
-    if hasattr(scorer, "acall"):
-        return await scorer.acall(call.batched, **call.kwargs)
-    return await scorer(**call.kwargs)
+    return await getattr(scorer, "acall", scorer)(**call.kwargs)
 
 
 def score_concurrently(scorer: Any, calls: list[Call], concurrency: int = ASYNC_CONCURRENCY) -> list[Outcome]:

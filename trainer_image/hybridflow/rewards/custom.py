@@ -88,27 +88,32 @@ class CustomRewardFunction:
         self.path = path
         self.name = name
         self.reward_kwargs = dict(reward_kwargs or {})
-        self.served: dict[str, str] = {}  # reward_router_address, reward_model_path (`serve_reward_model`)
         self._fn = _resolve(path, name)
-        self._rm_tokenizer: Any = None
+        self.serve_reward_model(None, None)
 
     def wants_reward_model(self) -> bool:
         """Whether the function names `reward_router_address` (it calls a served reward model, verl's GenRM)."""
         return "reward_router_address" in inspect.signature(self._fn).parameters
 
-    def serve_reward_model(self, address: str, model_path: str) -> None:
-        """Pass a served reward model's endpoint (host:port) and path to every call from now on."""
-        self.served = {"reward_router_address": address, "reward_model_path": model_path}
+    def serve_reward_model(self, address: str | None, model_path: str | None) -> None:
+        """Pass a served reward model's endpoint (host:port) and path to every call from now on (None: none).
+
+        Which of verl's reward-loop arguments the function names is read from its signature here, once, not on
+        every call; the reward model's tokenizer is loaded on the first call that needs it, in the process that
+        makes it.
+        """
+        self.served: dict[str, str] = (
+            {"reward_router_address": address, "reward_model_path": model_path} if address and model_path else {}
+        )
+        params = inspect.signature(self._fn).parameters
+        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        self._wanted = [n for n in SERVED_ARGUMENTS if self.served and (open_ended or n in params)]
+        self._rm_tokenizer: Any = None
 
     def _served_kwargs(self) -> dict[str, Any]:
         """The reward-loop arguments the function's signature names (all of them for one taking **kwargs)."""
-        if not self.served:
-            return {}
-        params = inspect.signature(self._fn).parameters
-        open_ended = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-        wanted = [n for n in SERVED_ARGUMENTS if open_ended or n in params]
-        out: dict[str, Any] = {n: self.served[n] for n in wanted if n in self.served}
-        if "reward_model_tokenizer" in wanted:
+        out: dict[str, Any] = {n: self.served[n] for n in self._wanted if n in self.served}
+        if "reward_model_tokenizer" in self._wanted:
             if self._rm_tokenizer is None:
                 from transformers import AutoTokenizer
 
@@ -123,14 +128,13 @@ class CustomRewardFunction:
 
     def _call(self, **kwargs: Any) -> Any:
         """The user's function with the bound and served arguments; an `async def` one is run to completion."""
-        result = self._fn(**kwargs, **self.reward_kwargs, **self._served_kwargs())
-        if inspect.isawaitable(result):
-            return asyncio.run(_awaited(result))
-        return result
+        if self.is_async:
+            return asyncio.run(self.acall(**kwargs))
+        return self._fn(**kwargs, **self.reward_kwargs, **self._served_kwargs())
 
-    async def acall(self, batched: bool = False, **kwargs: Any) -> Any:
-        """Await an `async def` function with the bound and served arguments (`batched`: the batch manager's
-        list arguments)."""
+    async def acall(self, **kwargs: Any) -> Any:
+        """Await an `async def` function with the bound and served arguments (a response's, or the batch
+        manager's lists)."""
         return await self._fn(**kwargs, **self.reward_kwargs, **self._served_kwargs())
 
     def __call__(
@@ -161,17 +165,13 @@ class CustomRewardFunction:
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Re-import the function in the receiving process."""
         self.path, self.name, self.reward_kwargs = state["path"], state["name"], state["reward_kwargs"]
-        self.served = dict(state.get("served") or {})
         self._fn = _resolve(self.path, self.name)
-        self._rm_tokenizer = None
+        served = state.get("served") or {}
+        self.serve_reward_model(served.get("reward_router_address"), served.get("reward_model_path"))
 
     def __repr__(self) -> str:
         """Where the function comes from."""
         return f"CustomRewardFunction(path={self.path!r}, name={self.name!r})"
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def load_custom_reward_fn(

@@ -217,39 +217,21 @@ def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:
     return train, val
 
 
-def build_reward_fns(cfg: HybridFlowConfig, tokenizer: Any, data_sources: set[str],
-                     served: Any = None) -> tuple[Any, Any]:
-    """Reward managers for training and validation; fails now when a data source has no scorer.
+def build_reward_fns(cfg: HybridFlowConfig, tokenizer: Any, data_sources: set[str], custom: Any = None) -> tuple[Any, Any]:
+    """Reward managers for training and validation, scoring with `custom` (the configured custom reward function,
+    `load_custom_reward_fn_from_config`) or the built-in scorers; fails now when a data source has no scorer.
 
     With a classifier reward model every response is scored by it (the managers return its `rm_scores`), so data
-    sources need no rule scorer then. `served`: the generative reward model `plan_reward_model` planned, whose
-    endpoint the custom function is pointed at.
+    sources need no rule scorer then; a generative one scores through `custom`, which it was pointed at.
     """
     from hybridflow.rewards import RewardManager, check_reward_sources
 
-    custom = reward_function(cfg)
-    if served is not None:
-        custom.serve_reward_model(served.address, served.model_path)
-    if not cfg.reward_model.enable or served is not None:
+    classifier_scores = cfg.reward_model.enable and not (custom is not None and custom.served)
+    if not classifier_scores:
         check_reward_sources(sorted(data_sources), custom)
     train_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom)
     val_fn = RewardManager.from_config(cfg, tokenizer, compute_score=custom, num_examine=1)
     return train_fn, val_fn
-
-
-def reward_function(cfg: HybridFlowConfig) -> Any:
-    """The configured custom reward function, or None."""
-    from hybridflow.rewards import load_custom_reward_fn_from_config
-
-    return load_custom_reward_fn_from_config(cfg)
-
-
-def plan_reward_model(cfg: HybridFlowConfig) -> Any:
-    """The served generative reward model (its endpoint listening), or None for a classifier one or none at all
-    (`hybridflow.workers.reward_service`); ValueError when a generative one cannot be used as configured."""
-    from hybridflow.workers.reward_service import plan_served_reward_model
-
-    return plan_served_reward_model(cfg, reward_function(cfg))
 
 
 def start_sandbox(cfg: HybridFlowConfig, data_sources: set[str]) -> Any:
@@ -272,7 +254,9 @@ def run(cfg: HybridFlowConfig) -> int:
     """Build everything and train; returns the last completed global step."""
     from transformers import AutoTokenizer
 
+    from hybridflow.rewards import load_custom_reward_fn_from_config
     from hybridflow.trainer.ray_trainer import RayPPOTrainer, compute_total_training_steps
+    from hybridflow.workers.reward_service import plan_served_reward_model
 
     model_cfg = cfg.actor_rollout_ref.model
     sandbox = served_rm = None
@@ -283,8 +267,9 @@ def run(cfg: HybridFlowConfig) -> int:
         if val_loader is not None:
             sources |= set(val_loader.dataset.data_sources())
         sandbox = start_sandbox(cfg, sources)  # before the reward managers: the code scorers take its URL
-        served_rm = plan_reward_model(cfg)  # likewise: a custom function calling a generative reward model
-        reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources, served_rm)
+        custom = load_custom_reward_fn_from_config(cfg)
+        served_rm = plan_served_reward_model(cfg, custom)  # likewise: points `custom` at a generative reward model
+        reward_fn, val_reward_fn = build_reward_fns(cfg, tokenizer, sources, custom)
         if cfg.distillation.enabled:  # an unreadable teacher or one with another vocabulary, before Ray starts
             from hybridflow.workers.teacher_worker import teacher_problem
 

@@ -37,9 +37,10 @@ def architectures(model_path: str) -> list[str]:
     return list(getattr(AutoConfig.from_pretrained(model_path), "architectures", None) or [])
 
 
-def is_generative(model_path: str) -> bool:
-    """Whether the model generates text (a causal LM), rather than scoring with a classification head."""
-    return any(a.endswith(GENERATIVE_SUFFIXES) for a in architectures(model_path))
+def is_generative(model_path: str, kinds: list[str] | None = None) -> bool:
+    """Whether the model generates text (a causal LM), rather than scoring with a classification head; `kinds`:
+    its `architectures`, when already read."""
+    return any(a.endswith(GENERATIVE_SUFFIXES) for a in (architectures(model_path) if kinds is None else kinds))
 
 
 def serving_config(cfg: Any) -> Any:
@@ -109,16 +110,16 @@ def plan_served_reward_model(cfg: Any, custom: Any) -> ServedRewardModel | None:
     if not rm.enable:
         return None
     path = str(rm.model.path)
-    if not is_generative(path):
+    found = architectures(path)
+    kinds = ", ".join(found) or "no architectures"
+    if not is_generative(path, found):
         from hybridflow._config.rules import changed_fields
 
         changed = changed_fields(rm.rollout)
         if changed:
             logger.warning("reward_model.rollout (%s) has no effect: %s is a classifier (%s), scored by a forward pass "
-                           "on its FSDP worker", ", ".join(changed), path, ", ".join(architectures(path)) or "no "
-                           "architectures")
+                           "on its FSDP worker", ", ".join(changed), path, kinds)
         return None
-    kinds = ", ".join(architectures(path))
     if custom is None or not custom.wants_reward_model():
         raise ValueError(
             f"reward_model.model.path={path} is a generative model ({kinds}): it scores through "
