@@ -20,6 +20,9 @@ check resumes without a weight push in between, so the weights must come back fr
 Then the trainer's FSDPEngine in a single process (no FSDP sharding): it must compute in bf16 under
 autocast (on a GPU by default, as verl; on CPU with trainer.cpu_mixed_precision), stay within bf16's
 reach of the fp32 HF log-probs, and take an optimizer step that leaves fp32 weights.
+Last, the GPU-only profiler tools (global_profiler.tool=torch_memory and nsys, hybridflow.profiling): a memory
+snapshot of a window must hold the allocation made in it, and a capture range with an NVTX range must start and
+stop (cudaProfilerStart / Stop; without nsys attached they do nothing, but must not fail).
 Prints one line per check and, last, one JSON object; exits 1 when a check fails.
 """
 
@@ -236,6 +239,42 @@ def check_trainer_engine(model_dir: Path, prompts: Any, device: str = "cuda") ->
     return result
 
 
+def check_profilers(device: str = "cuda") -> dict[str, Any]:
+    """torch_memory and nsys recorders on the GPU: a snapshot holding the window's allocation; a capture range."""
+    if device != "cuda":
+        return {"skipped": "torch_memory and nsys record CUDA activity only"}
+    import pickle
+    import tempfile
+
+    import torch
+
+    from hybridflow._config.profiler import TorchMemoryConfig
+    from hybridflow.profiling import MemorySnapshot, NsightCapture
+
+    size = 64 << 20
+    memory = MemorySnapshot(TorchMemoryConfig())
+    memory.start()
+    with memory.region("smoke.alloc"):
+        block = torch.empty(size, dtype=torch.uint8, device="cuda")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/snapshot.pickle"
+        memory.finish(path)
+        with open(path, "rb") as f:
+            snapshot = pickle.load(f)
+    del block
+    allocs = [e for trace in snapshot.get("device_traces", []) for e in trace if e.get("action") == "alloc"]
+    capture = NsightCapture()
+    capture.start()
+    with capture.region("smoke.nvtx"):
+        torch.ones(8, device="cuda").sum().item()
+    capture.finish(None)
+    return {
+        "snapshot_segments": len(snapshot.get("segments", [])),
+        "snapshot_allocs": len(allocs),
+        "profilers_ok": any(e.get("size", 0) >= size for e in allocs) and bool(snapshot.get("segments")),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Check each installed engine; print lines and the JSON summary."""
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_smoke", description=__doc__.splitlines()[0])
@@ -279,6 +318,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for key, value in res.items():
         print(f"{'trainer':<14} {key:<24} {value}")
     ok = ok and bool(res.get("mixed_precision_ok"))
+    try:
+        res = check_profilers(args.device)
+    except Exception as err:
+        res = {"error": f"{type(err).__name__}: {err}"}
+    summary["profilers"] = res
+    for key, value in res.items():
+        print(f"{'profilers':<14} {key:<24} {value}")
+    ok = ok and "error" not in res and res.get("profilers_ok", "skipped" in res)
     summary["ok"] = ok
     print(json.dumps(summary, sort_keys=True))
     return 0 if ok else 1

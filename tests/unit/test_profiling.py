@@ -1,11 +1,13 @@
-"""verl's profiler keys with tool=torch: the config (verl's layout and defaults, other tools refused), which steps
-and ranks are traced, and real torch.profiler traces of one tiny actor step in-process, on disk and on S3."""
+"""verl's profiler keys with tool=torch: the config (verl's layout and defaults, npu refused), which steps and ranks
+are traced, and real torch.profiler traces of one tiny actor step in-process, on disk and on S3 (the other tools:
+test_profiler_tools)."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -37,7 +39,7 @@ def test_verl_profiler_keys_parse_with_verls_layout() -> None:
                f"{ACTOR}.ranks=[0,1]", f"{ACTOR}.tool_config.torch.contents=[cpu,shapes]",
                f"{ACTOR}.tool_config.torch.discrete=True", f"{ACTOR}.tool_config.torch.step_start=0",
                "critic.profiler.enable=True", "critic.profiler.all_ranks=True",
-               "global_profiler.global_tool_config.nsys.discrete=True")
+               "global_profiler.global_tool_config.torch_memory.stack_depth=16")
     actor = role_profile(cfg, "actor")
     assert actor.chooses(1) and not actor.chooses(2) and actor.discrete and actor.contents == ("cpu", "shapes")
     assert role_profile(cfg, "critic").chooses(1) and not role_profile(cfg, "ref").enabled
@@ -45,15 +47,14 @@ def test_verl_profiler_keys_parse_with_verls_layout() -> None:
     assert rollout.enabled and rollout.ranks == (0, 1) and rollout.discrete
     assert actor.root == f"{cfg.trainer.default_local_dir}/profile"  # beside the checkpoints
     notes = " ".join(cfg.verl_notes)
-    assert "step_start=0" in notes and "global_profiler.global_tool_config" in notes
+    assert "step_start=0" in notes and "torch_memory.stack_depth=16 (torch records whole stacks)" in notes
 
 
-@pytest.mark.parametrize("tool", ["nsys", "npu", "torch_memory"])
-def test_other_tools_are_refused_naming_what_to_use(tool: str) -> None:
-    (problem,) = _problems(f"global_profiler.tool={tool}", "global_profiler.steps=[1]", f"{ACTOR}.enable=True",
-                           f"{ACTOR}.all_ranks=True")
-    assert problem.startswith("global_profiler.tool: verl's nsys, npu and torch_memory profilers is not supported")
-    assert "use global_profiler.tool=torch" in problem
+@pytest.mark.parametrize("where", ["global_profiler.tool", f"{ACTOR}.tool"])
+def test_the_npu_tool_is_refused_naming_what_to_use(where: str) -> None:
+    (problem,) = _problems(f"{where}=npu", "global_profiler.steps=[1]", f"{ACTOR}.enable=True", f"{ACTOR}.all_ranks=True")
+    assert problem.startswith(f"{where}: verl's npu profiler (Ascend NPUs) is not supported")
+    assert "use global_profiler.tool=nsys, torch_memory or torch" in problem
 
 
 @pytest.mark.parametrize(("overrides", "expected"), [
@@ -112,8 +113,11 @@ def test_step_windows_and_the_driver_start_and_stop_around_them() -> None:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> ActorRolloutRefWorker:
-    """An actor worker in this process (rank 0 of 1), its checkpoints under a temporary folder."""
-    root = tmp_path_factory.mktemp("prof")
+    return actor_worker(tmp_path_factory.mktemp("prof"))
+
+
+def actor_worker(root: Path) -> ActorRolloutRefWorker:
+    """An actor worker in this process (rank 0 of 1), its checkpoints under `root`."""
     model = build_tiny_model(root / "model", seed=0, layers=1)
     cfg = load_config(None, [
         "trainer.n_gpus_per_node=1", "trainer.device=cpu", f"trainer.default_local_dir={root / 'ckpt'}",

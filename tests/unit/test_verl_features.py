@@ -78,7 +78,7 @@ def test_every_feature_message_says_not_supported_or_not_yet_and_what_to_do() ->
         ("actor_rollout_ref.rollout.name=trtllm", "the TensorRT-LLM rollout engine is not supported by HybridFlow; use "),
         ("reward_model.reward_manager=collabllm", "this verl reward manager is not built"),
         ("trainer.logger=[console,swanlab]", "trainer.logger[1]: "),
-        ("global_profiler.tool=nsys", "global_profiler.tool: verl's nsys, npu and torch_memory profilers is not"),
+        ("global_profiler.tool=npu", "global_profiler.tool: verl's npu profiler (Ascend NPUs) is not supported"),
         ("actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.tensor_model_parallel_size=16",
          "more than a node has (8): a server replica (rollout.mode=async) spanning nodes is not built in HybridFlow yet"),
     ],

@@ -10,7 +10,7 @@ from typing import Any
 from .. import yamlio
 from .errors import ConfigError
 
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*(\.[A-Za-z_][A-Za-z0-9_\-]*)*$")  # Hydra: a dash after the first character
 # PyYAML follows YAML 1.1, where "1e-6" (no dot) is a string; Hydra and verl users mean a float.
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 

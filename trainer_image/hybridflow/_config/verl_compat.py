@@ -39,6 +39,7 @@ def translate(mapping: dict[str, Any]) -> Translation:
     _server_mode_for_tools(out)
     _single_turn_in_sync_mode(out)
     _qwen_tool_format(out)
+    _profiler_without_steps(out)
     for group in (ACTOR, "critic"):
         _clip_grad(out, group)
     for spec in _TORCH_DTYPES:
@@ -181,6 +182,17 @@ def _single_turn_in_sync_mode(out: Translation) -> None:
         f"rollout.mode=async runs in sync mode: single-turn prompts give the same samples either way (verl's "
         f"single-turn agent loop, one request per response) and server replicas here are vLLM or SGLang engines "
         f"(rollout.name={_yaml(name)})"
+    )
+
+
+def _profiler_without_steps(out: Translation) -> None:
+    """`global_profiler.tool` without `global_profiler.steps` profiles nothing (in verl too): noted."""
+    profiler = _group(out.mapping, "global_profiler")
+    if profiler is None or profiler.get("tool") in (None, "npu") or profiler.get("steps"):
+        return
+    out.notes.append(
+        f"global_profiler.tool={profiler['tool']} without global_profiler.steps profiles nothing (as in verl); "
+        "set e.g. global_profiler.steps=[1]"
     )
 
 

@@ -105,9 +105,8 @@ REWARD_MANAGERS = Feature(
     later=True,
 )
 PROFILER = Feature(
-    "profiler", "verl's nsys, npu and torch_memory profilers",
-    "use global_profiler.tool=torch (torch.profiler traces; add tool_config.torch.contents=[memory] for tensor "
-    "memory), or run the trainer under nsys yourself",
+    "profiler", "verl's npu profiler (Ascend NPUs)",
+    "HybridFlow runs on NVIDIA GPUs and CPUs: use global_profiler.tool=nsys, torch_memory or torch",
 )
 PROFILER_WINDOW = Feature(
     "profiler", "a mini-batch window of the torch profiler (tool_config.torch.step_start / step_end)",
@@ -218,6 +217,8 @@ KEYS: tuple[VerlKey, ...] = (
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler.tool_config.*._target_", note="a verl dataclass path"),
     *_each((*_ROLES, "actor_rollout_ref.rollout"), "profiler._target_", note="a verl dataclass path"),
     VerlKey("global_profiler._target_", None, note="a verl dataclass path"),
+    VerlKey("global_profiler.global_tool_config.*._target_", None, note="a verl dataclass path"),
+    VerlKey("global_profiler.global_tool_config.*.name", None, note="the tool's display name"),
     VerlKey("actor_rollout_ref.rollout.multi_stage_wake_up", ROLLOUT_EXTRAS, accepts=(False, True),
             note="a peak-memory option (wake the weights, sync them, then the KV cache): the vLLM engine here always "
             "wakes in those stages (sync mode), SGLang and server replicas resume weights and KV cache together; "
@@ -294,10 +295,13 @@ NO_EFFECT_FIELDS: tuple[VerlKey, ...] = (
             "trainer's devices here"),
     VerlKey("distillation.teacher_key", note="routes samples among several teachers; one teacher here"),
     VerlKey("distillation.distillation_loss.topk", note="read by top-k loss modes only"),
-    *[VerlKey(f"{role}.profiler.tool_config.{tool}", note=f"settings of verl's {tool} profiler; only tool=torch is "
-              "built here") for role in (*_ROLES, "actor_rollout_ref.rollout") for tool in ("nsys", "npu", "torch_memory")],
-    VerlKey("global_profiler.global_tool_config", note="settings of verl's nsys and torch_memory profilers; only "
-            "tool=torch is built here"),
+    *[VerlKey(f"{role}.profiler.tool_config.npu", note="settings of verl's npu profiler (Ascend), not built here")
+      for role in (*_ROLES, "actor_rollout_ref.rollout")],
+    *[VerlKey(f"{role}.profiler.tool_config.torch_memory", note="torch_memory is set up once per run, in "
+              "global_profiler.global_tool_config.torch_memory") for role in (*_ROLES, "actor_rollout_ref.rollout")],
+    VerlKey("global_profiler.global_tool_config.torch_memory.stack_depth", note="torch records whole stacks"),
+    VerlKey("global_profiler.global_tool_config.nsys.controller_nsight_options",
+            note="the controller is the driver process here: run it under nsys profile to profile it"),
 )
 """Fields HybridFlow keeps for verl but that change nothing here: noted at start-up when a config sets them."""
 
@@ -306,8 +310,7 @@ VALUES: tuple[VerlValue, ...] = (
     VerlValue("actor_rollout_ref.rollout.name", "trtllm", TRTLLM),
     VerlValue("reward_model.reward_manager", "collabllm", REWARD_MANAGERS),
     *[VerlValue("trainer.logger.*", name, LOGGERS) for name in ("swanlab", "vemlp_wandb", "clearml", "trackio")],
-    *[VerlValue(pattern, tool, PROFILER) for tool in ("nsys", "npu", "torch_memory")
-      for pattern in ("global_profiler.tool", *[f"{role}.profiler.tool" for role in (*_ROLES, "actor_rollout_ref.rollout")])],
+    *[VerlValue(pattern, "npu", PROFILER) for pattern in ("global_profiler.tool", *[f"{role}.profiler.tool" for role in (*_ROLES, "actor_rollout_ref.rollout")])],
     *[VerlValue("distillation.distillation_loss.loss_mode", name, DISTILL_TOPK)
       for name in ("forward_kl_topk", "forward_kl_topk_tail", "jsd", "nitrobrew")],
 )

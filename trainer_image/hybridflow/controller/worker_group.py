@@ -10,6 +10,7 @@ groups at once).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,12 +85,13 @@ class RayWorkerGroup:
         cls_with_init: RayClassWithInitArgs,
         name_prefix: str | None = None,
         env_vars: dict[str, str] | None = None,
+        runtime_env: Callable[[int], dict[str, Any] | None] | None = None,
     ) -> None:
         self.resource_pool = resource_pool
         self.worker_cls = cls_with_init.cls
         self.name_prefix = name_prefix or self.worker_cls.__name__
         self.workers: list[Any] = []
-        self._create_actors(cls_with_init, env_vars or {})
+        self._create_actors(cls_with_init, env_vars or {}, runtime_env or (lambda rank: None))
         self._method_specs = registered_methods(self.worker_cls)
         for name, spec in self._method_specs.items():
             if hasattr(type(self), name):
@@ -104,7 +106,10 @@ class RayWorkerGroup:
         """Number of actors in the group."""
         return len(self.workers)
 
-    def _create_actors(self, cls_with_init: RayClassWithInitArgs, env_vars: dict[str, str]) -> None:
+    def _create_actors(
+        self, cls_with_init: RayClassWithInitArgs, env_vars: dict[str, str],
+        runtime_env: Callable[[int], dict[str, Any] | None],
+    ) -> None:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -127,6 +132,9 @@ class RayWorkerGroup:
                     placement_group=pg, placement_group_bundle_index=bundle_idx
                 ),
             }
+            env = runtime_env(rank)  # e.g. Ray's nsight plugin for a profiled rank (hybridflow.profiling)
+            if env:
+                options["runtime_env"] = env
             actor = remote_cls.options(**options).remote(
                 *cls_with_init.args, hybridflow_dist_env=dist_env, **cls_with_init.kwargs
             )

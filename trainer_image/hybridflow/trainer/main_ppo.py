@@ -124,8 +124,9 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
     group when split; critic, reward model and teacher share the actor's slots (global pool), the reward model its
     own pool with reward_model.enable_resource_pool."""
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
+    from hybridflow.profiling import nsight_runtime_env
     from hybridflow.trainer.ray_trainer import WorkerGroups
-    from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+    from hybridflow.workers.fsdp_workers import ROLES, ActorRolloutRefWorker, CriticWorker
     from hybridflow.workers.reward_model_worker import RewardModelWorker
 
     nodes = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
@@ -157,6 +158,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
         manager.get_resource_pool("actor_rollout_ref"),
         RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role=actor_role(cfg)),
         name_prefix="actor",
+        runtime_env=nsight_runtime_env(cfg, sorted(ROLES[actor_role(cfg)]), actor_role(cfg)),
     )
     actor.init_model()
     rollout = None
@@ -170,6 +172,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
             manager.get_resource_pool("rollout"),
             RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="rollout"),
             name_prefix="rollout",
+            runtime_env=nsight_runtime_env(cfg, ["rollout"], "rollout"),
         )
         rollout.init_model()
     critic = None
@@ -178,6 +181,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
             manager.get_resource_pool("critic"),
             RayClassWithInitArgs(CriticWorker, config=cfg),
             name_prefix="critic",
+            runtime_env=nsight_runtime_env(cfg, ["critic"], "critic"),
         )
         critic.init_model()
     reward_model = None
@@ -250,6 +254,21 @@ def start_sandbox(cfg: HybridFlowConfig, data_sources: set[str]) -> Any:
     return sandbox
 
 
+def profiler_tool_problem(cfg: HybridFlowConfig) -> str | None:
+    """global_profiler.tool=nsys on a machine without nsys: Ray could not start the profiled workers."""
+    import shutil
+
+    from hybridflow._config.profiler import run_tool
+
+    if run_tool(cfg) != "nsys" or shutil.which("nsys"):
+        return None
+    return (
+        "global_profiler.tool=nsys: no `nsys` on this machine's PATH; Ray starts the profiled workers under "
+        "`nsys profile`, so every node needs NVIDIA Nsight Systems (e.g. the cuda-nsight-systems package) on its "
+        "PATH; or profile with global_profiler.tool=torch"
+    )
+
+
 def run(cfg: HybridFlowConfig) -> int:
     """Build everything and train; returns the last completed global step."""
     from transformers import AutoTokenizer
@@ -276,6 +295,9 @@ def run(cfg: HybridFlowConfig) -> int:
             problem = teacher_problem(cfg)
             if problem:
                 raise ValueError(problem)
+        nsys_problem = profiler_tool_problem(cfg)
+        if nsys_problem:
+            raise ValueError(nsys_problem)
     except (OSError, ValueError) as exc:  # bad paths, unreadable data, prompts too long, no scorer...
         if sandbox is not None:
             sandbox.close()
