@@ -189,6 +189,24 @@ def test_re_rendered_inputs_with_the_same_tokenizer_score_like_the_direct_path(
     assert torch.equal(stock != 0, direct != 0) and not torch.allclose(stock, direct, atol=1e-3)
 
 
+def test_the_reward_model_workers_are_profiled_like_the_others(models: dict[str, Path], tmp_path: Path) -> None:
+    """reward_model.profiler: a torch trace of the profiled step, the scoring call a labelled region of it."""
+    import gzip
+    import json
+
+    from hybridflow import storage
+
+    w = worker(models["token"], models["policy"], f"trainer.default_local_dir={tmp_path}", "global_profiler.tool=torch",
+               "global_profiler.steps=[2]", "reward_model.profiler.enable=true", "reward_model.profiler.ranks=[0]")
+    data = rollout_batch(build_toy_tokenizer(), PAIRS)
+    w.start_profile("global_step_2")
+    scores = w.compute_rm_score(data).batch["rm_scores"]
+    (uri,) = w.stop_profile()
+    assert uri == f"{tmp_path}/profile/global_step_2/reward_model_rank0.json.gz" and scores.shape == (len(PAIRS), 6)
+    names = {e.get("name") for e in json.loads(gzip.decompress(storage.read_bytes(uri)))["traceEvents"]}
+    assert "reward_model.compute_rm_score" in names
+
+
 def test_a_causal_lm_is_refused_as_reward_model(models: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="no 'score' head .* point it at a reward model"):
         worker(models["policy"], models["policy"])

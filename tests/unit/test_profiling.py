@@ -65,7 +65,8 @@ def test_the_npu_tool_is_refused_naming_what_to_use(where: str) -> None:
      "[2] not among the 2 ranks"),
     (["global_profiler.tool=torch", "global_profiler.steps=[1]"], "nothing would be profiled"),
     ([f"{ACTOR}.tool_config.torch.step_end=3"], "mini-batch window of the torch profiler"),
-    (["reward_model.profiler.enable=True"], "reward-model workers is not built"),
+    (["reward_model.profiler.enable=True", "global_profiler.tool=torch", "global_profiler.steps=[1]"],
+     "reward_model.profiler: no rank chosen"),
 ])
 def test_settings_that_would_profile_nothing_or_what_is_not_built_say_what_to_set(
     overrides: list[str], expected: str

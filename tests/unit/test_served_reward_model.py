@@ -164,6 +164,10 @@ def test_the_plan_serves_a_generative_reward_model_and_refuses_what_cannot_run(t
         plan_served_reward_model(_rm_config(model), judge)
     with pytest.raises(ValueError, match="reward_model.rollout.name=hf: a generative reward model is served by vllm"):
         plan_served_reward_model(_rm_config(model, *POOL, "reward_model.rollout.name=hf"), judge)
+    profiled = ["global_profiler.tool=torch", "global_profiler.steps=[1]", "reward_model.profiler.enable=true",
+                "reward_model.profiler.all_ranks=true"]
+    with pytest.raises(ValueError, match="profiling its served replicas is not built in HybridFlow yet; remove it"):
+        plan_served_reward_model(_rm_config(model, *POOL, *profiled), judge)
     cfg = _rm_config(model, *POOL, "reward_model.rollout.response_length=16")
     served = plan_served_reward_model(cfg, judge)
     try:

@@ -44,6 +44,7 @@ SECTIONS = {
     "ref": "actor_rollout_ref.ref",
     "rollout": "actor_rollout_ref.rollout",
     "critic": "critic",
+    "reward_model": "reward_model",
 }
 """A worker's sub-role -> the config group whose `profiler` section it reads."""
 
@@ -80,7 +81,7 @@ def trace_root(cfg: Any, save_path: str | None = None) -> str:
 
 
 def role_profile(cfg: Any, subrole: str) -> RoleProfile:
-    """The profile of `subrole` (actor, ref, rollout, critic) under the run's tool; the rollout's unset fields are
+    """The profile of `subrole` (actor, ref, rollout, critic, reward_model) under the run's tool; the rollout's unset fields are
     the actor's (verl)."""
     from hybridflow._config.profiler import run_tool
 

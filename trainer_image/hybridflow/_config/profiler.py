@@ -184,12 +184,13 @@ class GlobalProfilerConfig(Section):
     )
 
 
-PROFILED_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic")
-"""Roles whose workers HybridFlow profiles (`reward_model.profiler` is refused when enabled)."""
+PROFILED_ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "actor_rollout_ref.rollout", "critic",
+                  "reward_model")
+"""Roles whose workers HybridFlow profiles (a served generative reward model's replicas are refused)."""
 
 
 def role_sections(cfg: HybridFlowConfig) -> dict[str, RoleProfilerConfig]:
-    """Each profiled role's section by dotted path, the reward model's too."""
+    """Each profiled role's section by dotted path."""
     arr = cfg.actor_rollout_ref
     return {
         "actor_rollout_ref.actor": arr.actor.profiler,
@@ -229,12 +230,6 @@ def check(cfg: HybridFlowConfig) -> list[str]:
         if not section.enable:
             continue
         enabled.append(path)
-        if path == "reward_model":
-            problems.append(
-                "reward_model.profiler.enable=true: profiling the reward-model workers is not built in HybridFlow yet; "
-                "profile actor_rollout_ref.actor / ref / critic instead"
-            )
-            continue
         tool = role_tool(cfg, path)
         if tool is None:
             problems.append(f"{path}.profiler.enable=true but no tool is set: set global_profiler.tool=torch")

@@ -192,6 +192,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
             manager.get_resource_pool("reward_model"),
             RayClassWithInitArgs(RewardModelWorker, config=cfg),
             name_prefix="rm",
+            runtime_env=nsight_runtime_env(cfg, ["reward_model"], "reward_model"),
         )
         reward_model.init_model()
     teacher = None

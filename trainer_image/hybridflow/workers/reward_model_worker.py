@@ -12,6 +12,7 @@ from typing import Any
 from hybridflow.config import HybridFlowConfig
 from hybridflow.controller import Dispatch, register
 from hybridflow.engines.reward_model import RewardModelScorer, head_has_bias, reward_head_problem
+from hybridflow.profiling import profiled
 from hybridflow.protocol import DataProto
 from hybridflow.workers.fsdp_workers import _DistributedWorker
 
@@ -22,6 +23,12 @@ class RewardModelWorker(_DistributedWorker):
     def __init__(self, config: HybridFlowConfig | dict[str, Any]) -> None:
         super().__init__(config)
         self.scorer: RewardModelScorer | None = None
+
+    def _profile_roles(self) -> tuple[str, ...]:
+        return ("reward_model",)
+
+    def _profile_name(self) -> str:
+        return "reward_model"
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -87,6 +94,7 @@ class RewardModelWorker(_DistributedWorker):
         return rm.forward_max_token_len_per_gpu  # null in the config means the critic's (filled there)
 
     @register(Dispatch.DP_COMPUTE_PROTO)
+    @profiled("reward_model")
     def compute_rm_score(self, data: DataProto) -> DataProto:
         """`rm_scores` (b, R) of this rank's responses: the score at each last valid response token."""
         if self.scorer is None:

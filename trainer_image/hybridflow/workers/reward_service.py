@@ -135,6 +135,11 @@ def plan_served_reward_model(cfg: Any, custom: Any) -> ServedRewardModel | None:
     if rm.rollout.name not in ("vllm", "sglang"):
         raise ValueError(f"reward_model.rollout.name={rm.rollout.name}: a generative reward model is served by vllm "
                          "or sglang replicas; set reward_model.rollout.name=vllm (CPU: `make vllm`) or sglang (GPU)")
+    if rm.profiler.enable:
+        raise ValueError(
+            f"reward_model.profiler.enable=true with a generative reward model ({path}): profiling its served "
+            "replicas is not built in HybridFlow yet; remove it (a classifier reward model's workers can be profiled)"
+        )
     served = ServedRewardModel(cfg)
     custom.serve_reward_model(served.address, served.model_path)
     return served
