@@ -13,7 +13,9 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -78,17 +80,20 @@ def test_single_turn_server_mode_matches_batch_mode(tiny_model: Path) -> None:
 
 
 def check_equivalence(model_dir: str) -> None:
-    """Greedy outputs identical and sampled log-prob means within noise, batch mode vs server mode."""
+    """Greedy outputs identical and sampled log-prob means within noise, batch mode vs server mode. The server
+    replica (a `RolloutReplica`, in this process) is profiled over the greedy batch (rollout.profiler, vLLM's torch
+    profiler): its traces land beside the checkpoints, and the outputs stay identical."""
     import numpy as np
     import openai
     from transformers import AutoTokenizer
 
     from hybridflow.agent import OpenAIAgentLoop, register
-    from hybridflow.agent.manager import AgentLoopManager
+    from hybridflow.agent.manager import AgentLoopManager, EventLoopThread
     from hybridflow.agent.router import Router
     from hybridflow.config import load_config
     from hybridflow.rollout.async_vllm import AsyncVLLMEngine
     from hybridflow.rollout.vllm_rollout import VLLMRollout
+    from hybridflow.workers.rollout_service import RolloutReplica
 
     @register("equivalence_openai_chat")
     class ChatOnce(OpenAIAgentLoop):
@@ -97,24 +102,36 @@ def check_equivalence(model_dir: str) -> None:
             await client.chat.completions.create(model="policy", messages=list(sample["raw_prompt"]))
 
     tiny_model = Path(model_dir)
+    checkpoints = tiny_model.parent / "equivalence_ckpt"
     cfg = load_config(None, [
         f"actor_rollout_ref.model.path={tiny_model}", "data.train_files=/unused", "data.max_prompt_length=32",
         "data.max_response_length=8", "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.dtype=float32",
         "actor_rollout_ref.rollout.enforce_eager=true", "actor_rollout_ref.rollout.load_format=auto",
-        "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.device=cpu",
+        "actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.device=cpu", "trainer.n_gpus_per_node=1",
+        f"trainer.default_local_dir={checkpoints}", "global_profiler.tool=torch", "global_profiler.steps=[1]",
+        "actor_rollout_ref.rollout.profiler.enable=true", "actor_rollout_ref.rollout.profiler.all_ranks=true",
     ])
     ro = cfg.actor_rollout_ref.rollout
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     prompts = _prompts(tokenizer, 32)
     batch_engine = VLLMRollout(str(tiny_model), ro, "cpu", response_length=8, prompt_length=32)
-    server_engine = AsyncVLLMEngine(str(tiny_model), ro, "cpu", 8, 32)
+    replica = RolloutReplica(cfg, 0)
+    server_engine = replica.engine
+    assert isinstance(server_engine, AsyncVLLMEngine)
     manager = None
+    events = EventLoopThread()
     try:
-        manager = AgentLoopManager(cfg, tokenizer, Router([EngineClient(server_engine)]))
+        manager = AgentLoopManager(cfg, tokenizer, Router([EngineClient(server_engine)]), events=events)
         greedy = {"do_sample": False}
         prompts.meta_info.update(greedy)
         a = batch_engine.generate(prompts)
+        events.run(replica.start_profile("global_step_1"))
         b = manager.generate_sequences(prompts)
+        traces = events.run(replica.stop_profile())
+        assert traces and all(t.startswith(f"{checkpoints}/profile/global_step_1/rollout_replica0/") for t in traces)
+        names = [t for t in traces if t.endswith((".json", ".json.gz"))]
+        assert names, traces
+        assert any(_trace_events(t) for t in names), "the replica's traces hold no events"
         assert (a.batch["responses"] == b.batch["responses"]).all()
         assert (a.batch["response_mask"] == b.batch["response_mask"]).all()
         assert (a.batch["input_ids"] == b.batch["input_ids"]).all()
@@ -141,6 +158,12 @@ def check_equivalence(model_dir: str) -> None:
         if manager is not None:
             manager.close()
         server_engine.shutdown()
+        events.close()
+
+
+def _trace_events(path: str) -> list[Any]:
+    with gzip.open(path) if path.endswith(".gz") else open(path, "rb") as f:
+        return json.load(f)["traceEvents"]
 
 
 class AskAgain(BaseInteraction):

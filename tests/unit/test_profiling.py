@@ -74,6 +74,24 @@ def test_settings_that_would_profile_nothing_or_what_is_not_built_say_what_to_se
     assert any(expected in p for p in _problems(*overrides)), _problems(*overrides)
 
 
+def test_server_replicas_are_profiled_only_when_the_rollout_asks_with_the_torch_tool() -> None:
+    """rollout.mode=async: the replicas are not the actor's processes, so the rollout section stands alone; vLLM's
+    torch profiler records them (SGLang's and the other tools are refused)."""
+    server = ["actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.name=vllm", "global_profiler.steps=[1]"]
+    actor_only = _cfg(*server, "global_profiler.tool=torch", f"{ACTOR}.enable=True", f"{ACTOR}.all_ranks=True")
+    assert role_profile(actor_only, "actor").enabled and not role_profile(actor_only, "rollout").enabled
+    rollout = "actor_rollout_ref.rollout.profiler"
+    replicas = _cfg(*server, "global_profiler.tool=torch", f"{rollout}.enable=True", f"{rollout}.ranks=[1]")
+    assert [WorkerProfiler(replicas, ("rollout",), r, f"rollout_replica{r}").active for r in (0, 1)] == [False, True]
+    (problem,) = _problems(*server, "global_profiler.tool=torch", f"{rollout}.enable=True", f"{rollout}.all_ranks=True",
+                           "actor_rollout_ref.rollout.name=sglang")
+    assert "profiling SGLang server replicas is not built in HybridFlow yet; use rollout.name=vllm" in problem
+    problems = _problems(*server, "trainer.device=cuda", "global_profiler.tool=nsys", f"{rollout}.enable=True",
+                         f"{rollout}.all_ranks=True")
+    assert any("server replicas are profiled with tool=torch (vLLM's torch profiler) only, not nsys" in p
+               for p in problems), problems
+
+
 def test_step_windows_and_the_driver_start_and_stop_around_them() -> None:
     assert step_windows([5, 1, 2], continuous=False) == [(1, 1), (2, 2), (5, 5)]
     assert step_windows([5, 1, 2, 3], continuous=True) == [(1, 3), (5, 5)]

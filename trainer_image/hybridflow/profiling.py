@@ -86,7 +86,8 @@ def role_profile(cfg: Any, subrole: str) -> RoleProfile:
     from hybridflow._config.profiler import run_tool
 
     section = _section(cfg, subrole)
-    inherited = _section(cfg, "actor") if subrole == "rollout" else None
+    # The colocated rollout is the actor's process; server replicas (rollout.mode=async) are profiled on their own.
+    inherited = _section(cfg, "actor") if subrole == "rollout" and not server_replicas(cfg) else None
 
     def pick(name: str, default: Any) -> Any:
         value = getattr(section, name)
@@ -113,6 +114,11 @@ def role_profile(cfg: Any, subrole: str) -> RoleProfile:
         discrete=discrete,
         root=trace_root(cfg, pick("save_path", None)),
     )
+
+
+def server_replicas(cfg: Any) -> bool:
+    """Whether the rollout runs as server replicas (rollout.mode=async): its profiler section then stands alone."""
+    return cfg.actor_rollout_ref.rollout.mode == "async"
 
 
 def any_role_enabled(cfg: Any) -> bool:

@@ -139,18 +139,21 @@ class RoleProfilerConfig(Section):
     )
     enable: bool | None = Field(
         default=None,
-        description="Profile this role in the steps of global_profiler.steps; null: false (the rollout: the actor's "
-        "setting, as in verl).",
+        description="Profile this role in the steps of global_profiler.steps; null: false (a colocated rollout: the "
+        "actor's setting, as in verl; server replicas, rollout.mode=async, only when set here: vLLM's torch "
+        "profiler, one trace set per replica).",
     )
     all_ranks: bool | None = Field(
-        default=None, description="Profile every rank of the role; null: false (the rollout: the actor's)."
+        default=None, description="Profile every rank of the role; null: false (a colocated rollout: the actor's)."
     )
     ranks: list[int] | None = Field(
-        default=None, description="Ranks to profile when all_ranks is false; null: [] (the rollout: the actor's)."
+        default=None,
+        description="Ranks to profile when all_ranks is false (server replicas: replica indices); null: [] (a "
+        "colocated rollout: the actor's).",
     )
     save_path: Location | None = Field(default=None, description="Where traces go; null: global_profiler.save_path.")
     tool_config: ToolConfig | None = Field(
-        default=None, description="Per-tool options; null: the defaults (the rollout: the actor's)."
+        default=None, description="Per-tool options; null: the defaults (a colocated rollout: the actor's)."
     )
 
 
@@ -202,9 +205,10 @@ def role_sections(cfg: HybridFlowConfig) -> dict[str, RoleProfilerConfig]:
 
 
 def role_tool(cfg: HybridFlowConfig, path: str) -> str | None:
-    """The tool of one role: its own, else (the rollout) the actor's, else global_profiler.tool."""
+    """The tool of one role: its own, else (a colocated rollout) the actor's, else global_profiler.tool."""
     sections = role_sections(cfg)
-    inherited = sections["actor_rollout_ref.actor"].tool if path == "actor_rollout_ref.rollout" else None
+    colocated = path == "actor_rollout_ref.rollout" and cfg.actor_rollout_ref.rollout.mode != "async"
+    inherited = sections["actor_rollout_ref.actor"].tool if colocated else None
     return sections[path].tool or inherited or cfg.global_profiler.tool
 
 
@@ -276,8 +280,16 @@ def check(cfg: HybridFlowConfig) -> list[str]:
             )
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.profiler.enable and rollout.mode == "async":
-        problems.append(
-            "actor_rollout_ref.rollout.profiler.enable=true with rollout.mode=async: profiling the server replicas is "
-            "not built in HybridFlow yet; remove it (the trainer's actor, ref and critic workers can be profiled)"
-        )
+        if rollout.name != "vllm":
+            problems.append(
+                f"actor_rollout_ref.rollout.profiler.enable=true with rollout.mode=async and rollout.name={rollout.name}: "
+                "profiling SGLang server replicas is not built in HybridFlow yet; use rollout.name=vllm, or profile "
+                "the trainer's roles (actor, ref, critic)"
+            )
+        elif role_tool(cfg, "actor_rollout_ref.rollout") not in (None, "torch"):
+            problems.append(
+                "actor_rollout_ref.rollout.profiler.enable=true with rollout.mode=async: server replicas are profiled "
+                f"with tool=torch (vLLM's torch profiler) only, not {role_tool(cfg, 'actor_rollout_ref.rollout')}; "
+                "set global_profiler.tool=torch, or leave the rollout's profiler off"
+            )
     return problems

@@ -30,13 +30,18 @@ class AsyncVLLMEngine:
     """One `AsyncLLM` replica: `generate`, `abort`, `load_weights`, `sleep` / `wake_up`."""
 
     def __init__(self, model_path: str, config: Any, device: str, response_length: int, prompt_length: int,
-                 cpu_cores: int | None = None, **engine_overrides: Any) -> None:
+                 cpu_cores: int | None = None, profile_dir: str | None = None, **engine_overrides: Any) -> None:
+        """`profile_dir`: an absolute folder for vLLM's torch profiler (start_profile / stop_profile write there)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         dev = torch.device(device)
         kwargs = VLLMRollout.engine_kwargs(model_path, config, dev, response_length, prompt_length)
         kwargs.update(engine_overrides)
+        if profile_dir is not None:
+            from vllm.config import ProfilerConfig
+
+            kwargs["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=profile_dir)
         tp = int(kwargs.get("tensor_parallel_size", 1))
         if dev.type == "cpu":
             bind_cpu_threads(cpu_cores, tp)
@@ -103,6 +108,14 @@ class AsyncVLLMEngine:
         """GPU: take the memory back before serving."""
         if self.free_cache:
             await self.engine.wake_up()
+
+    async def start_profile(self) -> None:
+        """Start vLLM's torch profiler in the engine's processes (the engine was built with a `profile_dir`)."""
+        await self.engine.start_profile()
+
+    async def stop_profile(self) -> None:
+        """Stop it: each process writes its trace into `profile_dir`."""
+        await self.engine.stop_profile()
 
     def shutdown(self) -> None:
         """Stop the engine core process."""

@@ -506,9 +506,9 @@ class RayPPOTrainer(StepLoop):
     # ---- helpers --------------------------------------------------------------------------------
 
     def _groups(self) -> list[Any]:
-        """The trainer-side worker groups (profiled ones among them)."""
+        """The worker groups the step profiler drives (start_profile / stop_profile), server replicas included."""
         w = self.workers
-        return [g for g in (w.actor_rollout, w.critic, w.rollout, w.reward_model) if g is not None]
+        return [g for g in (w.actor_rollout, w.critic, w.rollout, w.reward_model, w.rollout_service) if g is not None]
 
     def _update_curriculum(self, batch: DataProto) -> None:
         """verl's curriculum sampler (data.sampler with update(batch)) sees each step's scored batch."""

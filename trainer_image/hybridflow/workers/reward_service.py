@@ -52,6 +52,7 @@ def serving_config(cfg: Any) -> Any:
     arr.model.path = rm.model.path
     arr.model.tokenizer_path = None
     arr.model.lora_rank = 0
+    arr.rollout.profiler.enable = False  # the run's rollout profiler is about the policy's replicas
     prompt = rm.rollout.prompt_length or cfg.data.max_prompt_length + cfg.data.max_response_length
     arr.rollout = rm.rollout.model_copy(update={
         "mode": "async", "load_format": "auto", "free_cache_engine": False, "prompt_length": prompt,

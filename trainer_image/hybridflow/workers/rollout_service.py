@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import tempfile
 from typing import Any
 
 from hybridflow._config import verl_features
@@ -29,6 +30,7 @@ from hybridflow.agent.base import TokenOutput
 from hybridflow.agent.manager import AgentLoopManager, EventLoopThread
 from hybridflow.agent.router import ReplicaUnavailable, Router
 from hybridflow.agent.stream import GroupStream, PromptCursor, VersionedServer
+from hybridflow.profiling import WorkerProfiler
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -58,12 +60,44 @@ class RolloutReplica:
             # the engine's worker processes (one per rank) see this slot's GPU, then the seats' ones, in order
             own = [str(g) for g in ray.get_gpu_ids()]
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(own + list(peer_gpus))
+        # rollout.profiler (server mode: vLLM's torch profiler in the chosen replicas, traces in a folder of its own)
+        self.profiler = WorkerProfiler(cfg, ("rollout",), replica_rank, f"rollout_replica{replica_rank}")
+        self.profile_dir = tempfile.mkdtemp(prefix="hybridflow-replica-profile-") if self.profiler.active else None
+        self.profile_label: str | None = None
         self.engine = build_server_engine(
             cfg,
             # split placement on CPU: the replica's threads on its own slots' cores, the trainer's on the others
             cpu_cores=cpu_threads(cfg) * ro.tensor_model_parallel_size if split_cpu else None,
+            profile_dir=self.profile_dir,
         )
         self.weights_version = -1
+
+    async def start_profile(self, label: str) -> None:
+        """Start the engine's profiler for a profiled step (`label`: global_step_N), if this replica is chosen."""
+        if self.profile_dir is None:
+            return
+        self.profile_label = label
+        await self.engine.start_profile()
+
+    async def stop_profile(self) -> list[str]:
+        """Stop it and copy the engine's traces beside the checkpoints: <root>/<label>/rollout_replica<R>/<file>
+        (one per engine process: vLLM's front end, engine core, workers)."""
+        from hybridflow.storage import upload_file
+
+        if self.profile_dir is None or self.profile_label is None:
+            return []
+        await self.engine.stop_profile()
+        written = []
+        for folder, _, names in sorted(os.walk(self.profile_dir)):
+            for name in sorted(names):
+                local = os.path.join(folder, name)
+                relative = os.path.relpath(local, self.profile_dir)
+                uri = f"{self.profiler.root}/{self.profile_label}/{self.profiler.name}/{relative}"
+                upload_file(local, uri)
+                os.remove(local)
+                written.append(uri)
+        self.profile_label = None
+        return written
 
     async def ready(self) -> dict[str, Any]:
         """The replica's process id and weight version (a restarted replica reports -1)."""
@@ -296,6 +330,25 @@ class RolloutService:
         """Let the stream produce again after a checkpoint."""
         if self.stream is not None:
             self.events.run(self.stream.release())
+
+    def start_profile(self, label: str) -> None:
+        """The step profiler's group interface: the chosen replicas start vLLM's profiler (`label`: the step)."""
+        self._broadcast("start_profile", label)
+
+    def stop_profile(self) -> list[list[str]]:
+        """Stop it; each replica's trace files, as a worker group returns them (none from a replica that died in
+        the window: its traces went with it)."""
+        import ray
+        import ray.exceptions as rex
+
+        written = []
+        for index, ref in enumerate([r.stop_profile.remote() for r in self.replicas]):
+            try:
+                written.append(ray.get(ref))
+            except (rex.RayActorError, rex.ActorUnavailableError) as err:
+                logger.warning("rollout replica %d is down: its profile of this step is lost (%s)", index,
+                               type(err).__name__)
+        return written
 
     def _broadcast(self, method: str, *args: Any) -> None:
         """Call `method` on every replica; one that is dead or restarting is handed to the router, whose
