@@ -83,6 +83,8 @@ def test_server_replicas_are_profiled_only_when_the_rollout_asks_with_the_torch_
     rollout = "actor_rollout_ref.rollout.profiler"
     replicas = _cfg(*server, "global_profiler.tool=torch", f"{rollout}.enable=True", f"{rollout}.ranks=[1]")
     assert [WorkerProfiler(replicas, ("rollout",), r, f"rollout_replica{r}").active for r in (0, 1)] == [False, True]
+    memory = _cfg(*server, "trainer.device=cuda", "global_profiler.tool=torch_memory")  # rank 0 of trainer groups
+    assert WorkerProfiler(memory, ("actor",), 0, "actor").active
     (problem,) = _problems(*server, "global_profiler.tool=torch", f"{rollout}.enable=True", f"{rollout}.all_ranks=True",
                            "actor_rollout_ref.rollout.name=sglang")
     assert "profiling SGLang server replicas is not built in HybridFlow yet; use rollout.name=vllm" in problem

@@ -81,8 +81,8 @@ def trace_root(cfg: Any, save_path: str | None = None) -> str:
 
 
 def role_profile(cfg: Any, subrole: str) -> RoleProfile:
-    """The profile of `subrole` (actor, ref, rollout, critic, reward_model) under the run's tool; the rollout's unset fields are
-    the actor's (verl)."""
+    """The profile of `subrole` (actor, ref, rollout, critic, reward_model) under the run's tool; a colocated
+    rollout's unset fields are the actor's (verl)."""
     from hybridflow._config.profiler import run_tool
 
     section = _section(cfg, subrole)
@@ -198,7 +198,8 @@ class StepProfiler:
 
 
 class WorkerProfiler:
-    """Worker side: one process's recordings, for the sub-roles it holds (`actor`, `ref`, `rollout`, `critic`)."""
+    """Worker side: one process's recordings, for the sub-roles it holds (`actor`, `ref`, `rollout`, `critic`,
+    `reward_model`)."""
 
     def __init__(self, cfg: Any, subroles: Sequence[str], rank: int, name: str) -> None:
         from hybridflow._config.profiler import run_tool

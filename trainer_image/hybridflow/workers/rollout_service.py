@@ -62,7 +62,8 @@ class RolloutReplica:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(own + list(peer_gpus))
         # rollout.profiler (server mode: vLLM's torch profiler in the chosen replicas, traces in a folder of its own)
         self.profiler = WorkerProfiler(cfg, ("rollout",), replica_rank, f"rollout_replica{replica_rank}")
-        self.profile_dir = tempfile.mkdtemp(prefix="hybridflow-replica-profile-") if self.profiler.active else None
+        chosen = self.profiler.active and self.profiler.tool == "torch"  # not torch_memory's default rank 0
+        self.profile_dir = tempfile.mkdtemp(prefix="hybridflow-replica-profile-") if chosen else None
         self.profile_label: str | None = None
         self.engine = build_server_engine(
             cfg,
