@@ -25,7 +25,7 @@ from hybridflow.data.dataset import collate_fn
 from hybridflow.data.toy import build_toy_tokenizer
 from hybridflow.data.toy_lookup import LOOKUP_CALL, build_rows
 from hybridflow.rewards.toy import score_lookup
-from hybridflow.tools.base import BaseTool, ToolResponse
+from hybridflow.tools.base import BaseTool, OpenAIFunctionToolSchema, ToolResponse
 from hybridflow.tools.config import ToolConfigError, load_tools
 from hybridflow.tools.lookup import LookupTool
 
@@ -223,6 +223,51 @@ def test_tool_loop_runs_a_gpt_oss_trajectory_read_with_its_special_tokens() -> N
     assert out.response_mask == [1] * len(call) + [0] * len(tool_turn) + [1] * len(answer)
     assert server.calls[1]["prompt_ids"] == out.prompt_ids + call + tool_turn
     assert out.metrics["tool_calls"] == 1 and out.metrics["tool_errors"] == 0 and out.num_turns == 4
+
+
+class RepeatTool(BaseTool):
+    """Repeats a word `times` times (an integer parameter), recording the arguments it was given."""
+
+    seen: list[dict[str, Any]] = []
+
+    def __init__(self) -> None:
+        super().__init__({}, OpenAIFunctionToolSchema.model_validate({
+            "type": "function", "function": {"name": "repeat", "description": "repeat a word", "parameters": {
+                "type": "object", "properties": {"word": {"type": "string"}, "times": {"type": "integer"}},
+                "required": ["word", "times"]}}}))
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> tuple[ToolResponse, float, dict]:
+        RepeatTool.seen.append(dict(parameters))
+        return ToolResponse(text=parameters["word"] * parameters["times"]), 0.0, {}
+
+
+def test_tool_loop_runs_a_qwen3_coder_trajectory_with_arguments_typed_by_the_tool_schema() -> None:
+    """Qwen3-Coder's XML call: the values are text in the turn, and the tool gets them typed as its schema says."""
+    words = ["<tool_call>", "</tool_call>", "<function=repeat>", "</function>", "<parameter=word>",
+             "<parameter=times>", "</parameter>"]
+    tok = build_toy_tokenizer(extra_words=words)
+
+    def h(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    cfg = config("actor_rollout_ref.rollout.multi_turn.enable=true",
+                 "actor_rollout_ref.rollout.multi_turn.format=qwen3_coder", response_length=300)
+    call = h("<tool_call>\n<function=repeat>\n<parameter=word>\nab\n</parameter>\n<parameter=times>\n3\n"
+             "</parameter>\n</function>\n</tool_call>") + [tok.eos_token_id]
+    bad = h("<tool_call>\n<function=repeat>\n<parameter=word>\nab\n</parameter>\n<parameter=times>\nx\n"
+            "</parameter>\n</function>\n</tool_call>") + [tok.eos_token_id]
+    server = ScriptedServer([call, bad, h("ababab") + [tok.eos_token_id]])
+    prompt = [{"role": "user", "content": "ab three times"}]
+    sample = {"raw_prompt": prompt,
+              "raw_prompt_ids": h(tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False))}
+    RepeatTool.seen = []
+    out = run(ToolAgentLoop(cfg, server, tok, tools=[RepeatTool()]).run({}, **sample))
+    assert RepeatTool.seen == [{"word": "ab", "times": 3}]  # an int, as the schema types it
+    second_prompt = tok.decode(server.calls[1]["prompt_ids"]).replace(" ", "")
+    third_prompt = tok.decode(server.calls[2]["prompt_ids"]).replace(" ", "")
+    assert "ababab" in second_prompt  # the tool's reply
+    assert "parametertimesofrepeatmustbeoftypeinteger" in "".join(ch for ch in third_prompt if ch.isalnum())
+    assert out.metrics["tool_calls"] == 2 and out.metrics["tool_errors"] == 1
 
 
 def test_format_qwen_is_read_as_hermes_with_a_start_up_note() -> None:

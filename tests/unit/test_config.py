@@ -429,7 +429,7 @@ def test_async_rollout_mode_is_accepted_with_vllm_and_sglang_and_refused_with_wh
                            f"actor_rollout_ref.rollout.multi_turn.format={fmt}"]).validate_for_run()
     refused = {
         "actor_rollout_ref.rollout.name=hf": "the hf rollout is not a server; set actor_rollout_ref.rollout.name=vllm",
-        "actor_rollout_ref.rollout.multi_turn.format=pythonic": r"multi_turn.format to one of hermes, gpt-oss .* "
+        "actor_rollout_ref.rollout.multi_turn.format=pythonic": r"multi_turn.format to one of hermes, gpt-oss, qwen3_coder .* "
         r"or qwen, read as hermes \(got 'pythonic'\)",
         "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true": "token-in/token-out",
         "+actor_rollout_ref.rollout.agent.custom_async_server.path=/x.py": "custom async rollout server class",

@@ -1,4 +1,5 @@
-"""Tool-call formats: gpt-oss's Harmony calls read from a turn's text, Harmony tool turns, the registry."""
+"""Tool-call formats: gpt-oss's Harmony calls read from a turn's text, Harmony tool turns, Qwen3-Coder's XML calls
+typed by the tool schemas, the registry."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from hybridflow.agent.tool_parser import (
     ToolCallError,
     get_tool_parser,
     parse_harmony,
+    parse_qwen3_xml,
     render_harmony_turn,
+    typed_by_schema,
 )
 from hybridflow.data.toy import build_toy_tokenizer
 
@@ -108,7 +111,64 @@ def test_harmony_turns_are_written_as_harmony_messages_ending_in_the_next_assist
 
 
 def test_the_registry_holds_verls_parser_names_and_a_wrong_name_lists_them() -> None:
-    assert tuple(PARSERS) == TOOL_CALL_FORMATS == ("hermes", "gpt-oss")
+    assert tuple(PARSERS) == TOOL_CALL_FORMATS == ("hermes", "gpt-oss", "qwen3_coder")
     assert all(parser.name == name for name, parser in PARSERS.items())
-    with pytest.raises(ValueError, match=r"choose one of \['gpt-oss', 'hermes'\]"):
+    with pytest.raises(ValueError, match=r"choose one of \['gpt-oss', 'hermes', 'qwen3_coder'\]"):
         get_tool_parser("pythonic")
+
+
+# -- Qwen3-Coder XML ---------------------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {
+    "code": {"type": "string"}, "lines": {"type": "integer"}, "ratio": {"type": "number"},
+    "verbose": {"type": "boolean"}, "env": {"type": "object"}, "args": {"type": "array"},
+    "note": {"type": ["string", "null"]},
+}}}}]
+
+
+def xml_call(name: str, **params: str) -> str:
+    """A call as Qwen3-Coder's chat template writes one."""
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+def test_qwen3_xml_calls_are_read_with_values_typed_by_the_tools_schema() -> None:
+    text = "I will run it." + xml_call("run", code="print(1)\nprint(2)", lines="2", ratio="0.5", verbose="True",
+                                       env='{"A": "1"}', args="[1, 2]", note="007") + "\n" + xml_call("other", x="3")
+    content, calls = parse_qwen3_xml(text)
+    assert content == "I will run it."
+    assert calls == [FunctionCall("run", {"code": "print(1)\nprint(2)", "lines": "2", "ratio": "0.5", "verbose": "True",
+                                          "env": '{"A": "1"}', "args": "[1, 2]", "note": "007"}),
+                     FunctionCall("other", {"x": "3"})]
+    typed = [typed_by_schema(c, TOOLS) for c in calls]
+    assert typed == [FunctionCall("run", {"code": "print(1)\nprint(2)", "lines": 2, "ratio": 0.5, "verbose": True,
+                                          "env": {"A": "1"}, "args": [1, 2], "note": "007"}),
+                     FunctionCall("other", {"x": "3"})]  # a tool without a schema here: its values stay text
+    # only one newline of layout is taken off each side: the value's own blank lines are kept
+    (call,) = parse_qwen3_xml(xml_call("run", code="\nx = 1\n"))[1]
+    assert call.arguments == {"code": "\nx = 1\n"}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (xml_call("run", lines="two"), "parameter lines of run must be of type integer, got 'two'"),
+    (xml_call("run", verbose="yes"), "parameter verbose of run must be of type boolean"),
+    (xml_call("run", env="[1]"), "parameter env of run must be of type object"),
+    ("<tool_call>\n<parameter=a>\n1\n</parameter>\n</tool_call>", "a tool call needs <function=NAME>"),
+    ("<tool_call>\n<function=run>\n<parameter=code>\nx\n</function>\n</tool_call>",
+     "a <parameter=...> of run was opened but not closed"),
+    ("ok <tool_call>\n<function=run>\n", "a <tool_call> was opened but not closed"),
+])
+def test_malformed_qwen3_xml_calls_become_messages_to_the_model(text: str, message: str) -> None:
+    (call,) = [typed_by_schema(c, TOOLS) for c in parse_qwen3_xml(text)[1]]
+    assert isinstance(call, ToolCallError) and message in call.message, call
+
+
+def test_the_qwen3_coder_format_types_values_from_the_schemas_it_is_given() -> None:
+    tok = build_toy_tokenizer(extra_words=["<tool_call>", "</tool_call>", "<function=run>", "</function>",
+                                           "<parameter=lines>", "</parameter>"])
+    ids = tok(xml_call("run", lines="2"), add_special_tokens=False)["input_ids"]
+    parser = get_tool_parser("qwen3_coder")
+    assert parser.read(tok, ids, TOOLS)[1] == [FunctionCall("run", {"lines": 2})]
+    assert parser.read(tok, ids)[1] == [FunctionCall("run", {"lines": "2"})]  # no schemas: text
+    assert typed_by_schema(FunctionCall("run", {"lines": "3"}), [None, {"function": "x"}, {}]) == FunctionCall(
+        "run", {"lines": "3"})  # malformed tool lists never raise

@@ -99,12 +99,13 @@ def test_prefix_grouper_is_accepted_with_a_note_and_typed() -> None:
 
 
 @pytest.mark.parametrize(("fmt", "read_as", "note"), [
-    ("hermes", "hermes", ""), ("gpt-oss", "gpt-oss", ""),
-    ("qwen", "hermes", "multi_turn.format=qwen is read as hermes: Qwen's chat templates write tool calls as Hermes"),
+    ("hermes", "hermes", ""), ("gpt-oss", "gpt-oss", ""), ("qwen3_coder", "qwen3_coder", ""),
+    ("qwen", "hermes", "multi_turn.format=qwen is read as hermes: Qwen2.5's and Qwen3's chat templates write tool "
+     "calls as Hermes"),
 ])
 def test_verls_tool_call_formats_are_read(fmt: str, read_as: str, note: str) -> None:
-    """verl's tool parsers are hermes and gpt-oss; its sglang multi-turn configs also say qwen, read as hermes
-    with a note (never silently)."""
+    """verl's tool parsers are hermes, gpt-oss and qwen3_coder; its sglang multi-turn configs also say qwen, read
+    as hermes with a note (never silently)."""
     cfg, notes = _run(f"{RO}.multi_turn.enable=true", f"{RO}.multi_turn.format={fmt}")
     assert cfg.actor_rollout_ref.rollout.multi_turn.format == read_as
     assert (note in notes) if note else "multi_turn.format" not in notes
@@ -114,6 +115,7 @@ def test_an_unknown_tool_call_format_is_refused_naming_the_choices() -> None:
     (problem,) = _problems(f"{RO}.multi_turn.enable=true", f"{RO}.multi_turn.format=pythonic")
     assert problem == (
         f"{RO}.multi_turn.format: this multi-turn tool-call format is not supported by HybridFlow; set "
-        f"{RO}.multi_turn.format to one of hermes, gpt-oss (hermes: <tool_call>{{json}}</tool_call>, as Qwen's chat "
-        "templates write; gpt-oss: Harmony), or qwen, read as hermes (got 'pythonic')"
+        f"{RO}.multi_turn.format to one of hermes, gpt-oss, qwen3_coder (hermes: <tool_call>{{json}}</tool_call>, as "
+        "Qwen2.5's and Qwen3's chat templates write; gpt-oss: Harmony; qwen3_coder: the XML calls of Qwen3-Coder and "
+        "Qwen3.5), or qwen, read as hermes (got 'pythonic')"
     )

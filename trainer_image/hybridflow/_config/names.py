@@ -23,7 +23,7 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 RolloutName = Literal["vllm", "sglang", "hf"]
 SERVER_ROLLOUT_NAMES = ("vllm", "sglang")
 """Engines with server replicas (`rollout.mode=async`); `hybridflow.rollout.SERVER_ENGINES` holds their classes."""
-TOOL_CALL_FORMATS = ("hermes", "gpt-oss")
+TOOL_CALL_FORMATS = ("hermes", "gpt-oss", "qwen3_coder")
 """Tool-call formats (`multi_turn.format`), verl's tool-parser names; `hybridflow.agent.tool_parser.PARSERS` holds
 their parsers. verl configs' `qwen` is read as `hermes` (`_config/verl_compat.py`)."""
 LoggerName = Literal["console", "file", "tensorboard", "wandb", "prometheus", "mlflow"]

@@ -199,17 +199,17 @@ def _profiler_without_steps(out: Translation) -> None:
 def _qwen_tool_format(out: Translation) -> None:
     """`multi_turn.format=qwen` is read as `hermes`, noted.
 
-    verl's configs and examples name it (its sglang multi-turn YAMLs), but verl's tool-parser registry has only
-    hermes and gpt-oss: Qwen2.5 and Qwen3 chat templates write tool calls as Hermes `<tool_call>{json}</tool_call>`
-    blocks, which the hermes parser reads.
+    verl's configs and examples name it (its sglang multi-turn YAMLs), but verl's tool-parser registry has no such
+    parser: Qwen2.5 and Qwen3 chat templates write tool calls as Hermes `<tool_call>{json}</tool_call>` blocks,
+    which the hermes parser reads (Qwen3-Coder and Qwen3.5 write XML calls: `qwen3_coder`).
     """
     multi_turn = _group(out.mapping, "actor_rollout_ref.rollout.multi_turn")
     if multi_turn is None or multi_turn.get("format") != "qwen":
         return
     multi_turn["format"] = "hermes"
     out.notes.append(
-        "multi_turn.format=qwen is read as hermes: Qwen's chat templates write tool calls as Hermes "
-        "<tool_call>{json}</tool_call> blocks (verl's tool parsers are hermes and gpt-oss)"
+        "multi_turn.format=qwen is read as hermes: Qwen2.5's and Qwen3's chat templates write tool calls as Hermes "
+        "<tool_call>{json}</tool_call> blocks (for Qwen3-Coder's and Qwen3.5's XML calls set format=qwen3_coder)"
     )
 
 

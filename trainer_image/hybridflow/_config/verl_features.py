@@ -129,7 +129,8 @@ REPEAT_ROLLOUTS = Feature(
 TOOL_FORMATS = Feature(
     "tool_format", "this multi-turn tool-call format",
     f"set actor_rollout_ref.rollout.multi_turn.format to one of {', '.join(TOOL_CALL_FORMATS)} (hermes: "
-    "<tool_call>{json}</tool_call>, as Qwen's chat templates write; gpt-oss: Harmony), or qwen, read as hermes",
+    "<tool_call>{json}</tool_call>, as Qwen2.5's and Qwen3's chat templates write; gpt-oss: Harmony; qwen3_coder: the "
+    "XML calls of Qwen3-Coder and Qwen3.5), or qwen, read as hermes",
 )
 CUSTOM_SERVER = Feature(
     "custom_server", "a custom async rollout server class", "remove it: the built-in vLLM AsyncLLM or SGLang replicas serve every agent loop",

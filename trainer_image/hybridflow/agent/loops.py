@@ -118,7 +118,7 @@ class ToolAgentLoop(AgentLoopBase):
                     break
                 if _reached(self.multi_turn.max_user_turns, user_turns):
                     break
-                answer, calls = self.parser.read(self.tokenizer, ids)
+                answer, calls = self.parser.read(self.tokenizer, ids, self.tool_schemas)
                 messages.append({"role": "assistant", "content": answer})
                 if not calls:
                     if interaction is None:

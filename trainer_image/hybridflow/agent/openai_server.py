@@ -158,7 +158,7 @@ class OpenAIServer:
         if not chat:
             choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None, "token_ids": ids}
             return web.json_response({**base, "object": "text_completion", "choices": [choice]})
-        message = self._message(ids, text, bool(tools))
+        message = self._message(ids, text, tools)
         if message.get("tool_calls"):
             reason = "tool_calls"
         if session is not None:
@@ -272,12 +272,12 @@ class OpenAIServer:
         session.calls.append(Call(list(prompt_ids), ids, logprobs, out.cached_tokens))
         return out, ids
 
-    def _message(self, ids: list[int], text: str, with_tools: bool) -> dict[str, Any]:
-        content, calls = self.parser.read(self.tokenizer, ids)
+    def _message(self, ids: list[int], text: str, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        content, calls = self.parser.read(self.tokenizer, ids, tools)
         # Without a call the text is the answer (a malformed call stays in sight), except in Harmony, whose text
         # without its special tokens runs channel names into the words: there the answer is the parsed content.
         answer = content if self.parser.keep_special_tokens else text
-        if not with_tools:
+        if not tools:
             return {"role": "assistant", "content": answer}
         tool_calls = [
             {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",

@@ -14,8 +14,23 @@ call is a message to ``functions.NAME`` whose body is the JSON arguments, ending
 
     <|channel|>analysis<|message|>Look it up.<|end|><|start|>assistant<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>{"key": "a"}<|call|>
 
-A malformed call (bad JSON, no name, arguments not an object) becomes a `ToolCallError` the loop
-reports back to the model as the tool's message; parsing never raises.
+`qwen3_coder` is the XML format of Qwen3-Coder's and Qwen3.5's chat templates: a function block per call, one
+parameter block per argument, every value written as text (a newline after the opening tag and before the closing
+one is layout, not value)::
+
+    <tool_call>
+    <function=lookup>
+    <parameter=key>
+    a
+    </parameter>
+    </function>
+    </tool_call>
+
+Its values are read as the tool's JSON schema types them (integer, number, boolean, object, array; strings stay
+text), so `read` takes the tool schemas of the conversation.
+
+A malformed call (bad JSON, no name, arguments not an object, a value not of its declared type) becomes a
+`ToolCallError` the loop reports back to the model as the tool's message; parsing never raises.
 """
 
 from __future__ import annotations
@@ -65,10 +80,17 @@ class ToolParser:
     keep_special_tokens: bool = False
     """Whether `parse` reads the turn decoded with special tokens kept: Harmony's markers are special tokens, so a
     decode that skips them would leave channel names and call headers run together with the text."""
+    text_arguments: bool = False
+    """Whether the format writes every argument as text (Qwen3-Coder's XML): `read` then types each value as the
+    called tool's JSON schema declares it."""
 
-    def read(self, tokenizer: Any, ids: list[int]) -> tuple[str, list[Call]]:
-        """(content, calls) of a model turn's token ids, decoded as this format needs."""
-        return self.parse(tokenizer.decode(list(ids), skip_special_tokens=not self.keep_special_tokens))
+    def read(self, tokenizer: Any, ids: list[int], tools: list[dict[str, Any]] | None = None) -> tuple[str, list[Call]]:
+        """(content, calls) of a model turn's token ids, decoded as this format needs; `tools`: the conversation's
+        tool schemas (OpenAI's function format), which type a text-arguments format's values."""
+        content, calls = self.parse(tokenizer.decode(list(ids), skip_special_tokens=not self.keep_special_tokens))
+        if self.text_arguments:
+            calls = [typed_by_schema(c, tools or []) for c in calls]
+        return content, calls
 
 
 # -- Hermes -----------------------------------------------------------------------------------------
@@ -238,11 +260,96 @@ def render_harmony_turn(tokenizer: Any, messages: list[dict[str, Any]], *,
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+# -- Qwen3-Coder XML ---------------------------------------------------------------------------------
+
+_XML_FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)</function>", re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
+
+
+def parse_qwen3_xml(text: str) -> tuple[str, list[Call]]:
+    """The text outside the tool-call blocks, and each block's function and parameters (values as text)."""
+    calls: list[Call] = []
+    for block in _HERMES.findall(text):
+        calls.append(_xml_call(block))
+    content = _HERMES.sub("", text)
+    if _OPEN in content:
+        calls.append(ToolCallError("error: a <tool_call> was opened but not closed with </tool_call>"))
+        content = content[: content.index(_OPEN)]
+    return content.strip(), calls
+
+
+def _xml_call(block: str) -> Call:
+    found = _XML_FUNCTION.search(block)
+    if found is None or not found.group(1).strip():
+        return ToolCallError("error: a tool call needs <function=NAME> ... </function> inside <tool_call></tool_call>")
+    name, body = found.group(1).strip(), found.group(2)
+    arguments: dict[str, Any] = {}
+    for key, value in _XML_PARAMETER.findall(body):
+        value = value[1:] if value.startswith("\n") else value
+        arguments[key.strip()] = value[:-1] if value.endswith("\n") else value
+    if "<parameter=" in _XML_PARAMETER.sub("", body):
+        return ToolCallError(f"error: a <parameter=...> of {name} was opened but not closed with </parameter>", name)
+    return FunctionCall(name, arguments)
+
+
+def typed_by_schema(call: Call, tools: list[dict[str, Any]]) -> Call:
+    """`call` with each text value converted to the type its tool's JSON schema gives the parameter (a parameter
+    the schema does not type stays text); a value that is not of its type becomes a ToolCallError."""
+    if not isinstance(call, FunctionCall):
+        return call
+    properties = _properties(tools, call.name)
+    typed: dict[str, Any] = {}
+    for key, value in call.arguments.items():
+        declared = properties.get(key)
+        kind = declared.get("type") if isinstance(declared, dict) else None
+        kinds = [k for k in kind if k != "null"] if isinstance(kind, list) else [kind]
+        try:
+            typed[key] = _as_type(value, kinds[0] if len(kinds) == 1 else None) if isinstance(value, str) else value
+        except ValueError:
+            return ToolCallError(f"error: parameter {key} of {call.name} must be of type {kind}, got {value!r}",
+                                 call.name)
+    return FunctionCall(call.name, typed)
+
+
+def _properties(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """The JSON-schema properties of the tool `name` among OpenAI function tools (empty when it is not there)."""
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") == name:
+            parameters = function.get("parameters")
+            properties = parameters.get("properties") if isinstance(parameters, dict) else None
+            return properties if isinstance(properties, dict) else {}
+    return {}
+
+
+def _as_type(value: str, kind: str | None) -> Any:
+    text = value.strip()
+    if kind == "integer":
+        return int(text)
+    if kind == "number":
+        number = float(text)
+        return int(number) if number.is_integer() and re.fullmatch(r"-?\d+", text) else number
+    if kind == "boolean":
+        if text.lower() not in ("true", "false"):
+            raise ValueError(text)
+        return text.lower() == "true"
+    if kind in ("object", "array"):
+        try:
+            parsed = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise ValueError(text) from err
+        if not isinstance(parsed, dict if kind == "object" else list):
+            raise ValueError(text)
+        return parsed
+    return value  # string, or untyped: the text as written
+
+
 # -- the registry ------------------------------------------------------------------------------------
 
 PARSERS: dict[str, ToolParser] = {
     "hermes": ToolParser("hermes", parse_hermes, turn_ids),
     "gpt-oss": ToolParser("gpt-oss", parse_harmony, render_harmony_turn, keep_special_tokens=True),
+    "qwen3_coder": ToolParser("qwen3_coder", parse_qwen3_xml, turn_ids, text_arguments=True),
 }
 """The formats by `multi_turn.format` name; `hybridflow._config.names.TOOL_FORMATS` lists the same names."""
 
