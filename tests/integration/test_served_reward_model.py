@@ -70,9 +70,14 @@ def test_a_grpo_step_is_scored_by_a_served_generative_reward_model(tmp_path: Pat
         "reward_model.score_timeout_s=60",
         f"custom_reward_function.path={tmp_path / 'judge.py'}", "custom_reward_function.name=judge",
         f"+custom_reward_function.reward_kwargs.log={log}",
+        # the step is profiled (the trainer drives its workers' profilers through Ray; the judge's replicas are not)
+        "global_profiler.tool=torch", "global_profiler.steps=[1]", "actor_rollout_ref.actor.profiler.enable=true",
+        "actor_rollout_ref.actor.profiler.all_ranks=true",
     ]
     with local_ray(2):
         assert main_ppo.main([str(EXAMPLE), *args]) == 0
+    traces = sorted(p.name for p in (Path(inputs["trainer.default_local_dir"]) / "profile" / "global_step_1").iterdir())
+    assert traces == ["actor_rollout_rank0.json.gz"], traces
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(records) == 8  # 4 prompts x 2 responses, each judged once
     model = AutoModelForCausalLM.from_pretrained(str(genrm), dtype=torch.float32).eval()
