@@ -65,19 +65,28 @@ def run_folders(wandb_dir: Path, run_id: str) -> list[Path]:
     return sorted(folders, key=lambda p: (len(p.name), p.name))
 
 
-def logged(folder: Path) -> tuple[set[str], dict[int, dict[str, Any]]]:
-    """Return the run ids in a folder's run records and its history rows by step."""
-    ids: set[str] = set()
-    history: dict[int, dict[str, Any]] = {}
-    for path in folder.glob("run-*.wandb"):
-        for record in read_records(path):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                ids.add(record.run.run_id)
-            elif kind == "history":
-                row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-                history[int(row["_step"])] = row
-    return ids, history
+def logged(folder: Path, settle_s: float = 30.0) -> tuple[set[str], dict[int, dict[str, Any]]]:
+    """Return the run ids in a folder's run records and its history rows by step, once the run file holds its
+    exit record: the wandb-core service may still be writing the last records when finish() returns on a loaded
+    machine (seen: a resumed run's file with only its header right after finish())."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        ids: set[str] = set()
+        history: dict[int, dict[str, Any]] = {}
+        finished = False
+        for path in folder.glob("run-*.wandb"):
+            for record in read_records(path):
+                kind = record.WhichOneof("record_type")
+                if kind == "run":
+                    ids.add(record.run.run_id)
+                elif kind == "history":
+                    row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+                    history[int(row["_step"])] = row
+                elif kind == "exit":
+                    finished = True
+        if finished or time.monotonic() > deadline:
+            return ids, history
+        time.sleep(0.25)
 
 
 @pytest.fixture
@@ -166,14 +175,9 @@ def test_validation_generations_become_a_growing_table(offline_wandb: Path) -> N
     run.log_generations([("What is 2+2?", "5", 0.0)], step=2)
     run.finish()
     (folder,) = run_folders(offline_wandb, str(run.wandb_run_id))
-    # a table is recorded as nested keys: val/generations/{_type,nrows,ncols,path,...}; the wandb-core service
-    # may still be writing the run file's last records when finish() returns on a loaded machine
-    for _ in range(40):
-        _, history = logged(folder)
-        tables = {step: row for step, row in history.items() if "val/generations/nrows" in row}
-        if len(tables) == 2:
-            break
-        time.sleep(0.5)
+    # a table is recorded as nested keys: val/generations/{_type,nrows,ncols,path,...}
+    _, history = logged(folder)
+    tables = {step: row for step, row in history.items() if "val/generations/nrows" in row}
     assert sorted(tables) == [0, 2]
     assert tables[0]["val/generations/_type"] == "table-file" and tables[0]["val/generations/ncols"] == 4
     assert tables[0]["val/generations/nrows"] == 1
