@@ -30,8 +30,10 @@ class AsyncVLLMEngine:
     """One `AsyncLLM` replica: `generate`, `abort`, `load_weights`, `sleep` / `wake_up`."""
 
     def __init__(self, model_path: str, config: Any, device: str, response_length: int, prompt_length: int,
-                 cpu_cores: int | None = None, profile_dir: str | None = None, **engine_overrides: Any) -> None:
-        """`profile_dir`: an absolute folder for vLLM's torch profiler (start_profile / stop_profile write there)."""
+                 cpu_cores: int | None = None, profile_dir: str | None = None, profile_contents: tuple[str, ...] = (),
+                 **engine_overrides: Any) -> None:
+        """`profile_dir`: an absolute folder for vLLM's torch profiler (start_profile / stop_profile write there);
+        `profile_contents`: what it records, as the torch tool's `contents` (cpu, cuda, memory, shapes, stack)."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -41,7 +43,16 @@ class AsyncVLLMEngine:
         if profile_dir is not None:
             from vllm.config import ProfilerConfig
 
-            kwargs["profiler_config"] = ProfilerConfig(profiler="torch", torch_profiler_dir=profile_dir)
+            wanted = set(profile_contents)
+            activities = [a for a, c in (("CPU", "cpu"), ("CUDA", "cuda")) if not wanted or c in wanted]
+            if dev.type != "cuda":
+                activities = ["CPU"]
+            kwargs["profiler_config"] = ProfilerConfig(
+                profiler="torch", torch_profiler_dir=profile_dir, torch_profiler_activities=activities,
+                # the torch tool's contents, not vLLM's defaults (stacks on): stacks make CPU traces slow to write
+                torch_profiler_with_stack="stack" in wanted, torch_profiler_record_shapes="shapes" in wanted,
+                torch_profiler_with_memory="memory" in wanted, torch_profiler_dump_cuda_time_total=False,
+            )
         tp = int(kwargs.get("tensor_parallel_size", 1))
         if dev.type == "cpu":
             bind_cpu_threads(cpu_cores, tp)

@@ -82,12 +82,14 @@ def build_rollout_engine(
     return engine
 
 
-def build_server_engine(config: Any, cpu_cores: int | None = None, profile_dir: str | None = None) -> Any:
+def build_server_engine(config: Any, cpu_cores: int | None = None, profile_dir: str | None = None,
+                        profile_contents: tuple[str, ...] = ()) -> Any:
     """The async engine of one server replica (rollout.mode=async) for a `HybridFlowConfig`: vLLM's AsyncLLM or
     SGLang's Engine behind `generate` / `abort` / `load_weights` / `sleep` / `wake_up` (token ids in and out).
 
     `cpu_cores`: the cores a vLLM-CPU replica binds its threads to (split placement on CPU). `profile_dir`: a
-    replica the rollout profiler chose (vLLM only; the config refuses it for SGLang) records its traces there.
+    replica the rollout profiler chose (vLLM only; the config refuses it for SGLang) records its traces there, with
+    the torch tool's `profile_contents`.
     """
     arr = config.actor_rollout_ref
     ro = arr.rollout
@@ -101,5 +103,5 @@ def build_server_engine(config: Any, cpu_cores: int | None = None, profile_dir: 
         int(ro.response_length or config.data.max_response_length),
         int(ro.prompt_length or config.data.max_prompt_length),
         cpu_cores=cpu_cores,
-        **({"profile_dir": profile_dir} if profile_dir is not None else {}),
+        **({"profile_dir": profile_dir, "profile_contents": profile_contents} if profile_dir is not None else {}),
     )

@@ -70,6 +70,7 @@ class RolloutReplica:
             # split placement on CPU: the replica's threads on its own slots' cores, the trainer's on the others
             cpu_cores=cpu_threads(cfg) * ro.tensor_model_parallel_size if split_cpu else None,
             profile_dir=self.profile_dir,
+            profile_contents=self.profiler.contents,
         )
         self.weights_version = -1
 
