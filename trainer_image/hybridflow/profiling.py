@@ -281,20 +281,25 @@ class WorkerProfiler:
     def _finish(self, recorder: Recorder, stem: str) -> None:
         """Stop `recorder` and store its file beside the checkpoints (a second call of the same name in a window
         gets _2, _3...); nsys writes its report itself."""
-        from hybridflow.storage import upload_file
-
         if recorder.suffix is None:
             recorder.finish(None)
             return
         count = self._names[stem] = self._names.get(stem, 0) + 1
         name = f"{stem}{recorder.suffix}" if count == 1 else f"{stem}_{count}{recorder.suffix}"
-        uri = f"{self.root}/{self.label}/{name}"
         with tempfile.TemporaryDirectory(prefix="hybridflow-profile-") as tmp:
             local = os.path.join(tmp, name)
             recorder.finish(local)
-            upload_file(local, uri)
-        self._written.append(uri)
-        logger.info("profiler: %s written to %s", self.tool, uri)
+            self._written.append(store_file(local, self.root, self.label, name))
+
+
+def store_file(local: str, root: str | None, label: str | None, name: str) -> str:
+    """Copy a profiler's file to <root>/<label>/<name>, beside the checkpoints (local or S3); returns its URI."""
+    from hybridflow.storage import upload_file
+
+    uri = f"{root}/{label}/{name}"
+    upload_file(local, uri)
+    logger.info("profiler: %s written", uri)
+    return uri
 
 
 class Recorder:

@@ -126,7 +126,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
     from hybridflow.controller import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
     from hybridflow.profiling import nsight_runtime_env
     from hybridflow.trainer.ray_trainer import WorkerGroups
-    from hybridflow.workers.fsdp_workers import ROLES, ActorRolloutRefWorker, CriticWorker
+    from hybridflow.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
     from hybridflow.workers.reward_model_worker import RewardModelWorker
 
     nodes = [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes
@@ -158,7 +158,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
         manager.get_resource_pool("actor_rollout_ref"),
         RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role=actor_role(cfg)),
         name_prefix="actor",
-        runtime_env=nsight_runtime_env(cfg, sorted(ROLES[actor_role(cfg)]), actor_role(cfg)),
+        runtime_env=nsight_runtime_env(cfg, *ActorRolloutRefWorker.profile_target(actor_role(cfg))),
     )
     actor.init_model()
     rollout = None
@@ -172,7 +172,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
             manager.get_resource_pool("rollout"),
             RayClassWithInitArgs(ActorRolloutRefWorker, config=cfg, role="rollout"),
             name_prefix="rollout",
-            runtime_env=nsight_runtime_env(cfg, ["rollout"], "rollout"),
+            runtime_env=nsight_runtime_env(cfg, *ActorRolloutRefWorker.profile_target("rollout")),
         )
         rollout.init_model()
     critic = None
@@ -181,7 +181,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
             manager.get_resource_pool("critic"),
             RayClassWithInitArgs(CriticWorker, config=cfg),
             name_prefix="critic",
-            runtime_env=nsight_runtime_env(cfg, ["critic"], "critic"),
+            runtime_env=nsight_runtime_env(cfg, *CriticWorker.profile_target()),
         )
         critic.init_model()
     reward_model = None
@@ -192,7 +192,7 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
             manager.get_resource_pool("reward_model"),
             RayClassWithInitArgs(RewardModelWorker, config=cfg),
             name_prefix="rm",
-            runtime_env=nsight_runtime_env(cfg, ["reward_model"], "reward_model"),
+            runtime_env=nsight_runtime_env(cfg, *RewardModelWorker.profile_target()),
         )
         reward_model.init_model()
     teacher = None

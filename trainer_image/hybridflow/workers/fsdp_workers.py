@@ -91,18 +91,21 @@ class _DistributedWorker(Worker):
             torch.set_num_threads(cpu_threads(self.config))
         self.profiler: WorkerProfiler | None = None
 
-    def _profile_roles(self) -> tuple[str, ...]:
-        """The sub-roles whose profiler sections this worker reads (none by default)."""
-        return ()
+    #: the worker's role, for classes whose instances hold one of several (ActorRolloutRefWorker)
+    role: str = ""
 
-    def _profile_name(self) -> str:
-        return type(self).__name__
+    @classmethod
+    def profile_target(cls, role: str = "") -> tuple[tuple[str, ...], str]:
+        """(the sub-roles whose profiler sections a worker of this class and `role` reads, the name its files
+        carry): the worker's own profiler and the driver's nsys runtime env both read it. None by default."""
+        return (), cls.__name__
 
     @register(Dispatch.ONE_TO_ALL)
     def start_profile(self, label: str) -> None:
         """Start this rank's torch.profiler trace of a profiled step (`label`: global_step_N), if it is chosen."""
         if self.profiler is None:
-            self.profiler = WorkerProfiler(self.config, self._profile_roles(), self.rank, self._profile_name())
+            subroles, name = self.profile_target(self.role)
+            self.profiler = WorkerProfiler(self.config, subroles, self.rank, name)
         self.profiler.start(label)
 
     @register(Dispatch.ONE_TO_ALL)
@@ -135,11 +138,9 @@ class ActorRolloutRefWorker(_DistributedWorker):
         self.rollout: Any = None
         self.rollout_tp: Any = None  # `RolloutTPGroup` when the rollout engine is sharded over this group's ranks
 
-    def _profile_roles(self) -> tuple[str, ...]:
-        return tuple(sorted(self.roles))
-
-    def _profile_name(self) -> str:
-        return self.role
+    @classmethod
+    def profile_target(cls, role: str = "actor_rollout_ref") -> tuple[tuple[str, ...], str]:
+        return tuple(sorted(ROLES[role])), role
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -316,11 +317,9 @@ class CriticWorker(_DistributedWorker):
         super().__init__(config)
         self.critic: PPOCritic | None = None
 
-    def _profile_roles(self) -> tuple[str, ...]:
-        return ("critic",)
-
-    def _profile_name(self) -> str:
-        return "critic"
+    @classmethod
+    def profile_target(cls, role: str = "") -> tuple[tuple[str, ...], str]:
+        return ("critic",), "critic"
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

@@ -24,11 +24,9 @@ class RewardModelWorker(_DistributedWorker):
         super().__init__(config)
         self.scorer: RewardModelScorer | None = None
 
-    def _profile_roles(self) -> tuple[str, ...]:
-        return ("reward_model",)
-
-    def _profile_name(self) -> str:
-        return "reward_model"
+    @classmethod
+    def profile_target(cls, role: str = "") -> tuple[tuple[str, ...], str]:
+        return ("reward_model",), "reward_model"
 
     @register(Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:

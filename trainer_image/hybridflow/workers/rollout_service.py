@@ -30,7 +30,7 @@ from hybridflow.agent.base import TokenOutput
 from hybridflow.agent.manager import AgentLoopManager, EventLoopThread
 from hybridflow.agent.router import ReplicaUnavailable, Router
 from hybridflow.agent.stream import GroupStream, PromptCursor, VersionedServer
-from hybridflow.profiling import WorkerProfiler
+from hybridflow.profiling import WorkerProfiler, store_file
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -84,8 +84,6 @@ class RolloutReplica:
     async def stop_profile(self) -> list[str]:
         """Stop it and copy the engine's traces beside the checkpoints: <root>/<label>/rollout_replica<R>/<file>
         (one per engine process: vLLM's front end, engine core, workers)."""
-        from hybridflow.storage import upload_file
-
         if self.profile_dir is None or self.profile_label is None:
             return []
         await self.engine.stop_profile()
@@ -94,10 +92,9 @@ class RolloutReplica:
             for name in sorted(names):
                 local = os.path.join(folder, name)
                 relative = os.path.relpath(local, self.profile_dir)
-                uri = f"{self.profiler.root}/{self.profile_label}/{self.profiler.name}/{relative}"
-                upload_file(local, uri)
+                written.append(store_file(local, self.profiler.root, self.profile_label,
+                                          f"{self.profiler.name}/{relative}"))
                 os.remove(local)
-                written.append(uri)
         self.profile_label = None
         return written
 
