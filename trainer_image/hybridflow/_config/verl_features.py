@@ -190,7 +190,6 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("critic.optim.lr_decay_style", MEGATRON_OPTIM),
     VerlKey("reward_model.ulysses_sequence_parallel_size", ULYSSES, accepts=(1,),
             note="1 means no sequence parallelism, as here"),
-    VerlKey("data.image_key", MULTIMODAL),
     VerlKey("data.video_key", MULTIMODAL),
     VerlKey("data.process_multi_modal_inputs_in_dataset", MULTIMODAL),
     VerlKey("actor_rollout_ref.actor.freeze_vision_tower", MULTIMODAL, accepts=(False,),

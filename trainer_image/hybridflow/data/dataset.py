@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from hybridflow.data import vision
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,10 @@ def _as_file_list(files: str | Sequence[str]) -> list[str]:
     if not paths:
         raise ValueError("no parquet files given: set data.train_files / data.val_files to a path or a list.")
     return paths
+
+
+def _where(origin: tuple[str, int]) -> str:
+    return f"row {origin[1]} of {origin[0]!r}"
 
 
 def read_parquet_rows(files: str | Sequence[str]) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
@@ -102,11 +107,15 @@ class RLHFDataset(torch.utils.data.Dataset):
         return_raw_chat: bool = False,
         return_full_prompt: bool = False,
         apply_chat_template_kwargs: dict[str, Any] | None = None,
+        processor: Any = None,
+        image_key: str = "images",
     ) -> None:
         """Read, render and tokenise every prompt; filter or check overlong ones now, not mid-training.
 
         ``apply_chat_template_kwargs`` go to every ``tokenizer.apply_chat_template`` call (verl's
         data.apply_chat_template_kwargs); ``return_full_prompt`` adds the rendered text as ``full_prompts``.
+        With a vision-language model's ``processor``, rows with images in ``image_key`` become image prompts
+        (see hybridflow.data.vision); their length is the processor's, image tokens included.
         """
         if truncation not in TRUNCATIONS:
             raise ValueError(
@@ -130,11 +139,16 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.return_raw_chat = return_raw_chat
         self.return_full_prompt = return_full_prompt
         self.apply_chat_template_kwargs = dict(apply_chat_template_kwargs or {})
+        self.processor = processor
+        self.image_key = image_key
 
         rows, origins = read_parquet_rows(files)
         messages = [self._messages(row, origin) for row, origin in zip(rows, origins, strict=True)]
-        texts = self._render(messages)
-        token_ids = self._tokenize(texts)
+        images = self._images(rows, origins)
+        messages = [vision.place_images(m, len(imgs), _where(o)) if imgs else m
+                    for m, imgs, o in zip(messages, images, origins, strict=True)]
+        texts = self._render(messages, images)
+        token_ids = self._tokenize(texts, images)
         keep = [i for i, ids in enumerate(token_ids) if len(ids) <= max_prompt_length]
         self.num_filtered = 0
         if filter_overlong_prompts:
@@ -147,9 +161,10 @@ class RLHFDataset(torch.utils.data.Dataset):
             )
         else:
             keep = list(range(len(rows)))
-            if truncation == "error":
+            if truncation == "error" or any(images):  # cutting an image's tokens would break the prompt
                 self._raise_if_overlong(token_ids, origins)
         self._rows = [rows[i] for i in keep]
+        self._images_list = [images[i] for i in keep]
         self._messages_list = [messages[i] for i in keep]
         self._texts = [texts[i] for i in keep]
         self._ids = [truncate_ids(token_ids[i], max_prompt_length, truncation) for i in keep]
@@ -161,9 +176,12 @@ class RLHFDataset(torch.utils.data.Dataset):
             )
 
     @classmethod
-    def from_config(cls, cfg: Any, tokenizer: Any, split: Literal["train", "val"] = "train") -> Any:
+    def from_config(
+        cls, cfg: Any, tokenizer: Any, split: Literal["train", "val"] = "train", processor: Any = None
+    ) -> Any:
         """The configured dataset over ``train_files`` or ``val_files`` per ``split`` (``cfg.data`` read by
-        attribute): this class, or the user's ``data.custom_cls`` when it names one."""
+        attribute): this class, or the user's ``data.custom_cls`` when it names one. ``processor``: the
+        vision-language model's (`hybridflow.data.vision.load_processor`), None for a text model."""
         data = cfg.data
         files = data.train_files if split == "train" else data.val_files
         custom = getattr(data, "custom_cls", None)
@@ -182,6 +200,8 @@ class RLHFDataset(torch.utils.data.Dataset):
             return_raw_chat=data.return_raw_chat or cfg.actor_rollout_ref.rollout.mode == "async",
             return_full_prompt=bool(getattr(data, "return_full_prompt", False)),
             apply_chat_template_kwargs=getattr(data, "apply_chat_template_kwargs", None),
+            processor=processor,
+            image_key=getattr(data, "image_key", "images"),
         )
 
     def _messages(self, row: dict[str, Any], origin: tuple[str, int]) -> list[dict[str, Any]]:
@@ -201,21 +221,40 @@ class RLHFDataset(torch.utils.data.Dataset):
             )
         return prompt
 
-    def _render(self, messages: list[list[dict[str, Any]]]) -> list[str]:
-        """Each conversation rendered with the chat template (generation prompt added, the configured kwargs)."""
+    def _images(self, rows: list[dict[str, Any]], origins: list[tuple[str, int]]) -> list[list[Any]]:
+        """Each row's decoded images (none without a processor: a text model reads text only)."""
+        found = [bool(row.get(self.image_key)) for row in rows]
+        if self.processor is None:
+            if any(found):
+                path, row = origins[found.index(True)]
+                raise ValueError(
+                    f"row {row} of {path!r} has images in column {self.image_key!r}, but the model is a text-only "
+                    "model (its folder has no image processor); train a vision-language model (e.g. Qwen2.5-VL) on "
+                    "image prompts, or drop the column"
+                )
+            return [[] for _ in rows]
+        return [vision.row_images(row, self.image_key, _where(o)) for row, o in zip(rows, origins, strict=True)]
+
+    def _render(self, messages: list[list[dict[str, Any]]], images: list[list[Any]]) -> list[str]:
+        """Each conversation rendered with the chat template (generation prompt added, the configured kwargs):
+        the processor's for an image prompt (it writes the model's image tokens), else the tokenizer's."""
         return [
-            self.tokenizer.apply_chat_template(
+            (self.processor if imgs else self.tokenizer).apply_chat_template(
                 m, add_generation_prompt=True, tokenize=False, **self.apply_chat_template_kwargs
             )
-            for m in messages
+            for m, imgs in zip(messages, images, strict=True)
         ]
 
-    def _tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of the rendered prompts."""
+    def _tokenize(self, texts: list[str], images: list[list[Any]]) -> list[list[int]]:
+        """Token ids of the rendered prompts (an image prompt's as the processor expands them)."""
         if not texts:
             return []
         # The template already wrote any BOS the model needs; adding special tokens would double it.
-        return list(self.tokenizer(texts, add_special_tokens=False)["input_ids"])
+        ids = list(self.tokenizer(texts, add_special_tokens=False)["input_ids"])
+        for i, imgs in enumerate(images):
+            if imgs:
+                ids[i] = vision.model_inputs(self.processor, texts[i], imgs)[0]
+        return ids
 
     def _raise_if_overlong(self, token_ids: list[list[int]], origins: list[tuple[str, int]]) -> None:
         """With truncation="error", reject the first prompt longer than max_prompt_length."""
@@ -245,6 +284,15 @@ class RLHFDataset(torch.utils.data.Dataset):
             position_ids=position_ids,
             raw_prompt_ids=list(ids),
         )
+        out.pop(self.image_key, None)
+        images = self._images_list[item]
+        if images:  # the engine gets the images and the unexpanded prompt; the trainer the processor's tensors
+            out["raw_prompt_ids"] = self.tokenizer(self._texts[item], add_special_tokens=False)["input_ids"]
+            out["multi_modal_data"] = {"image": images}
+            out["multi_modal_inputs"] = vision.model_inputs(self.processor, self._texts[item], images)[1]
+        elif self.processor is not None:
+            out["multi_modal_data"] = None
+            out["multi_modal_inputs"] = {}
         extra_info = row.get("extra_info")
         index = extra_info.get("index") if isinstance(extra_info, dict) else None
         out["index"] = index if index is not None else self._positions[item]

@@ -19,6 +19,7 @@ log-prob/entropy formulas, entropy recomputed in backward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -50,6 +51,13 @@ from hybridflow.engines.fsdp_engine import FSDPEngine, _get
 from hybridflow.protocol import DataProto
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "responses")
+#: image prompts' processor tensors, one dict per row (hybridflow.data.vision)
+IMAGE_INPUTS = "multi_modal_inputs"
+
+
+def select_inputs(data: DataProto, keys: Sequence[str]) -> DataProto:
+    """The tensors `keys` of `data` and, for image prompts, each row's processor tensors."""
+    return data.select(list(keys), [IMAGE_INPUTS] if IMAGE_INPUTS in data.non_tensor_batch else [])
 
 
 def response_logits(engine: FSDPEngine, micro: DataProto, temperature: float) -> torch.Tensor:
@@ -61,14 +69,18 @@ def response_logits(engine: FSDPEngine, micro: DataProto, temperature: float) ->
     b = micro.batch
     resp_len = b["responses"].shape[1]
     keep = torch.arange(-resp_len - 1, -1, device=engine.device)
-    logits = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], logits_to_keep=keep)
+    logits = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], logits_to_keep=keep,
+                            multi_modal_inputs=micro.non_tensor_batch.get(IMAGE_INPUTS))
     if logits.shape[1] != resp_len:  # a model that cannot restrict its head returned every position
         logits = logits[:, -resp_len - 1 : -1, :]
-    if temperature == 1.0:
+    if temperature != 1.0:
+        # Without autograd divide in place (one vocabulary-sized tensor, not two). With it, out of place:
+        # a head whose backward needs its output (final-logit softcapping's tanh) would break in place.
+        logits = logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
+    bias = engine.placeholder_bias  # a vision-language model's image tokens: the policy the rollout samples from
+    if bias is None:
         return logits
-    # Without autograd divide in place (one vocabulary-sized tensor, not two). With it, out of place:
-    # a head whose backward needs its output (final-logit softcapping's tanh) would break in place.
-    return logits / temperature if torch.is_grad_enabled() else logits.div_(temperature)
+    return logits + bias if torch.is_grad_enabled() else logits.add_(bias)
 
 
 def fused_response_log_probs(
@@ -77,7 +89,8 @@ def fused_response_log_probs(
     """Log-probs (and entropies) of `responses` from the engine's fused head: no vocabulary-sized logits."""
     b = micro.batch
     fused = {"labels": b["responses"].to(engine.device), "temperature": temperature, "with_entropy": with_entropy}
-    out = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], fused=fused)
+    out = engine.forward(b["input_ids"], b["attention_mask"], b["position_ids"], fused=fused,
+                         multi_modal_inputs=micro.non_tensor_batch.get(IMAGE_INPUTS))
     return out["log_probs"], out["entropy"]
 
 
@@ -164,7 +177,7 @@ class PPOActor:
         `plan_micro_batches`); results come back in the rows' order either way.
         """
         temperature = float(data.meta_info.get("temperature", 1.0))
-        inputs = data.select(list(MODEL_INPUTS))
+        inputs = select_inputs(data, MODEL_INPUTS)
         rows, resp_len = inputs.batch["responses"].shape
         log_probs = torch.zeros(rows, resp_len)
         entropys = torch.zeros(rows, resp_len) if calculate_entropy else None
@@ -194,7 +207,7 @@ class PPOActor:
                 "turn the fused kernels off (use_fused_kernels=false) to use the optimal_token_baseline estimators"
             )
         temperature = float(data.meta_info.get("temperature", 1.0))
-        inputs = data.select(list(MODEL_INPUTS))
+        inputs = select_inputs(data, MODEL_INPUTS)
         out = torch.zeros(inputs.batch["responses"].shape)
         was_training = self.engine.module.training
         self.engine.module.eval()
@@ -245,7 +258,7 @@ class PPOActor:
                 )
             keys.append("ref_log_prob")
         keys += [k for k in ("rollout_log_probs", "rollout_is_weights") if k in data.batch]
-        batch = data.select(keys)
+        batch = select_inputs(data, keys)
         acc = MetricAccumulator()
         self.engine.module.train()
         for epoch in range(epochs):

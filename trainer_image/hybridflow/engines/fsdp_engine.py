@@ -26,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from hybridflow.data.vision import is_vision_config, placeholder_bias
 from hybridflow.engines import fused_head, lora
 from hybridflow.engines.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engines.ulysses import SequenceGroups, UlyssesModel, build_groups, check_sequence_parallel
@@ -103,16 +104,21 @@ def load_hf_model(
     override_config: dict[str, Any] | None = None,
     trust_remote_code: bool = False,
 ) -> nn.Module:
-    """Load an HF model folder as a causal LM or as a value model (token classification, 1 label)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    """Load an HF model folder as a causal LM (a vision-language model's image-text-to-text class when it has a
+    vision tower) or as a value model (token classification, 1 label)."""
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
     if kind == "causal_lm":
-        return AutoModelForCausalLM.from_pretrained(
-            path, config=config, dtype=dtype, trust_remote_code=trust_remote_code
-        )
+        auto = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
+        return auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
     if kind == "value":
         # A value head: one logit per token; the score layer is new (random, seeded by the caller),
         # dropout off so values are deterministic in training mode.
@@ -177,6 +183,21 @@ def autocast_dtype(device_type: str, fsdp_config: Any, *, sharded: bool, cpu_mix
     return dtype
 
 
+def join_multi_modal_inputs(
+    rows: Sequence[dict[str, torch.Tensor]] | None, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """A micro-batch's processor tensors: each key's rows concatenated along the first dimension (images of all
+    rows, in row order, as the processor would batch them); {} for text prompts."""
+    present = [r for r in (rows if rows is not None else ()) if r]
+    if not present:
+        return {}
+    keys = list(present[0])
+    for r in present:
+        if list(r) != keys:
+            raise ValueError(f"image prompts of one micro-batch carry different processor outputs: {keys} vs {list(r)}")
+    return {k: torch.cat([r[k] for r in present], dim=0).to(device) for k in keys}
+
+
 class FSDPEngine:
     """One model (actor, reference, critic) with optional optimizer, sharded when distributed."""
 
@@ -210,6 +231,12 @@ class FSDPEngine:
             trust_remote_code=bool(_get(model_config, "trust_remote_code", False)),
         )
         self.hf_config = module.config
+        # Qwen-VL-style models compute 3-D rotary positions from the image grids (their `get_rope_index`)
+        self.own_positions = any(hasattr(m, "get_rope_index") for m in (module, getattr(module, "model", None)))
+        head = module.get_output_embeddings() if kind == "causal_lm" else None
+        self.placeholder_bias = (
+            placeholder_bias(self.hf_config, head.weight.shape[0], self.device) if head is not None else None
+        )
         fused_head.apply_liger(module, model_config, self.device)  # model.use_liger (CUDA, liger-kernel installed)
         self.model_path = model_path
         self.tokenizer_path = str(_get(model_config, "tokenizer_path", None) or model_path)
@@ -292,6 +319,7 @@ class FSDPEngine:
         position_ids: torch.Tensor,
         logits_to_keep: int | torch.Tensor = 0,
         fused: dict[str, Any] | None = None,
+        multi_modal_inputs: Sequence[dict[str, torch.Tensor]] | None = None,
     ) -> Any:
         """The model's fp32 logits for the last positions (causal LM: (b, T', vocab); value model: (b, T', 1)).
 
@@ -302,6 +330,9 @@ class FSDPEngine:
         exactly those where the model can restrict its head (HF's `logits_to_keep` tensor form), all
         positions otherwise. Callers index from the end. With `fused` ({labels, temperature, with_entropy};
         the fused head installed) the model returns `{"log_probs", "entropy"}` of the labels instead.
+        `multi_modal_inputs`: a vision-language model's per-row processor tensors (pixel values, image grids;
+        see hybridflow.data.vision), joined along their first dimension; a model that places its positions by
+        its images itself (Qwen-VL's 3-D rotary positions) gets no `position_ids` and derives them.
         """
         extra = {"logits_to_keep": logits_to_keep} if self._keeps(logits_to_keep) else {}
         if fused is not None:  # the fused head's inputs (labels, temperature): it returns log-probs, not logits
@@ -321,12 +352,16 @@ class FSDPEngine:
             # and the backbone's output comes back gathered, so the head and callers see every position.
             input_ids, position_ids = self.ulysses.prepare(input_ids, attention_mask, position_ids)
             mask = None
+        images = join_multi_modal_inputs(multi_modal_inputs, self.device)
+        if images and self.own_positions:
+            position_ids = None
         with torch.autocast(self.device.type, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None):
             out = self.module(
                 input_ids=input_ids,
                 attention_mask=mask,
                 position_ids=position_ids,
                 use_cache=False,
+                **images,
                 **extra,
             )
         return out if fused is not None else out.logits.float()

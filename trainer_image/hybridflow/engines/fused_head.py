@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridflow.data.vision import is_vision_config, placeholder_bias
+
 FUSED_CHUNK_BYTES = 16 << 20
 """Bytes of one chunk's fp32 logits: tokens per chunk = this / (vocab x 4), within the bounds below."""
 MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 16, 4096
@@ -181,9 +183,12 @@ class FusedHead:
     def __init__(self, root: nn.Module, chunk_size: int | None = None) -> None:
         model = root.get_base_model() if hasattr(root, "get_base_model") else root  # a peft model wraps the LM
         check_fusable(model)
-        self.decoder: nn.Module = model.get_decoder()
+        # a vision-language model's backbone (`model.model`) merges the image features into the text decoder's input
+        self.decoder: nn.Module = model.model if is_vision_config(model.config) else model.get_decoder()
         self.head: nn.Linear = model.get_output_embeddings()
         self.chunk_size = chunk_size
+        # a vision-language model's image tokens get the rollout's logit bias (hybridflow.data.vision)
+        self.placeholder_bias = placeholder_bias(model.config, self.head.weight.shape[0])
 
     def compute(self, model_inputs: dict[str, Any], labels: torch.Tensor, temperature: float = 1.0,
                 with_entropy: bool = False) -> dict[str, torch.Tensor | None]:
@@ -192,8 +197,12 @@ class FusedHead:
         hidden = self.decoder(**model_inputs).last_hidden_state
         resp = labels.shape[1]
         # FSDP2 has unsharded the head here (inside the root's forward): read its weight now, not at install.
+        bias = self.head.bias
+        if self.placeholder_bias is not None:
+            extra = self.placeholder_bias.to(self.head.weight.device)
+            bias = extra if bias is None else bias + extra
         log_probs, entropy = fused_linear_log_probs(
-            hidden[:, -resp - 1 : -1, :], self.head.weight, labels, bias=self.head.bias, temperature=temperature,
+            hidden[:, -resp - 1 : -1, :], self.head.weight, labels, bias=bias, temperature=temperature,
             with_entropy=with_entropy, chunk_rows=fused_chunk_rows(self.head.weight.shape[0], self.chunk_size),
         )
         return {"log_probs": log_probs, "entropy": entropy}

@@ -15,6 +15,7 @@ COPY = "toy/copy"
 COUNT = "toy/count"
 LOOKUP = "toy/lookup"
 CODE_ARITHMETIC = "toy/code_arithmetic"
+COLOR = "toy/color"
 
 # At most 100 digits: Python refuses to parse integers of more than 4,300 digits (and no toy answer is long).
 _LEADING_INT_RE = re.compile(r"^\s*(-?\d{1,100})(?!\d)")
@@ -61,4 +62,4 @@ def score_final_integer(solution_str: str, ground_truth: Any, extra_info: dict |
 
 
 SCORERS = {ARITHMETIC: score_integer, COPY: score_copy, COUNT: score_integer, LOOKUP: score_lookup,
-           CODE_ARITHMETIC: score_final_integer}
+           CODE_ARITHMETIC: score_final_integer, COLOR: score_copy}

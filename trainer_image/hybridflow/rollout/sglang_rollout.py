@@ -19,7 +19,13 @@ import torch
 
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import RolloutEngine, assemble_output
-from hybridflow.rollout.token_io import config_value, pack_responses, prompt_token_lists, resolve_sampling
+from hybridflow.rollout.token_io import (
+    config_value,
+    pack_responses,
+    prompt_images,
+    prompt_token_lists,
+    resolve_sampling,
+)
 
 INSTALL_HINT = (
     "SGLang is not installed. It needs a CUDA machine: `pip install -c constraints.txt '.[sglang]'` "
@@ -135,10 +141,12 @@ class SGLangRollout(RolloutEngine):
         want_lp = bool(params["calculate_log_probs"])
         ignore_eos = bool(config_value(self.config, "ignore_eos", False))
         self._wake_up()
+        images = prompt_images(prompts)
         outputs = self.engine.generate(
             input_ids=prompt_token_lists(prompts),
             sampling_params=sampling_params(params, self.eos_token_id, ignore_eos),
             return_logprob=want_lp,
+            **({"image_data": images} if any(images) else {}),  # per request: its images, or None
         )
         self._sleep()
         if isinstance(outputs, Mapping):  # a single request comes back unwrapped

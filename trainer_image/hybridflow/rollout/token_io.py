@@ -54,9 +54,22 @@ def with_validation_sampling(meta: dict[str, Any], val_kwargs: Any) -> dict[str,
 
 
 def prompt_token_lists(prompts: DataProto) -> list[list[int]]:
-    """The real (unpadded) prompt ids of every row, read through `attention_mask` (any padding side)."""
+    """The prompt ids an engine takes for every row: the real (unpadded) ids, read through `attention_mask` (any
+    padding side); for an image prompt, `raw_prompt_ids` (one placeholder per image, which the engine expands
+    itself; see hybridflow.data.vision)."""
     ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"].bool()
-    return [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+    images = prompt_images(prompts)
+    raw = prompts.non_tensor_batch.get("raw_prompt_ids")
+    return [list(raw[i]) if images[i] else row[m].tolist()
+            for i, (row, m) in enumerate(zip(ids, mask, strict=True))]
+
+
+def prompt_images(prompts: DataProto) -> list[list[Any] | None]:
+    """Each row's images (PIL) for the engine, None for a text prompt."""
+    data = prompts.non_tensor_batch.get("multi_modal_data")
+    if data is None:
+        return [None] * len(prompts)
+    return [list(d["image"]) if d and d.get("image") else None for d in data]
 
 
 def pack_responses(

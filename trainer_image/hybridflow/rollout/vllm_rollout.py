@@ -17,15 +17,16 @@ distribution the token was really drawn from (what the rollout/actor importance 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
+from hybridflow.data.vision import PLACEHOLDER_LOGIT_BIAS, placeholder_token_ids
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import RolloutEngine, assemble_output
 from hybridflow.rollout.token_io import config_value as _get
-from hybridflow.rollout.token_io import pack_responses, prompt_token_lists, resolve_sampling
+from hybridflow.rollout.token_io import pack_responses, prompt_images, prompt_token_lists, resolve_sampling
 from hybridflow.rollout.vllm_reload_log import quiet_buffer_only_reload_warnings
 
 INSTALL_HINT = (
@@ -71,12 +72,18 @@ def eos_token_ids(tokenizer: Any, hf_config: Any) -> list[int]:
 
 def build_sampling_params(
     *, greedy: bool, temperature: float, top_p: float, top_k: int, max_tokens: int, logprobs: bool,
-    eos_ids: list[int], ignore_eos: bool, seed: int | None = None,
+    eos_ids: list[int], ignore_eos: bool, seed: int | None = None, banned_ids: Sequence[int] = (),
 ) -> Any:
-    """vLLM `SamplingParams` for one response per request (batch engine and server replicas alike)."""
+    """vLLM `SamplingParams` for one response per request (batch engine and server replicas alike).
+
+    `banned_ids` are never sampled (a vision-language model's image placeholder tokens, see
+    hybridflow.data.vision.placeholder_token_ids): their logits get PLACEHOLDER_LOGIT_BIAS, which vLLM's log-probs
+    include, and so does the trainer's policy.
+    """
     from vllm import SamplingParams
 
     return SamplingParams(
+        logit_bias={int(t): PLACEHOLDER_LOGIT_BIAS for t in banned_ids} or None,
         n=1,
         temperature=0.0 if greedy else float(temperature),
         top_p=1.0 if greedy else float(top_p),
@@ -100,7 +107,7 @@ def cpu_kv_cache_bytes(model_path: str, max_model_len: int | None, max_num_seqs:
     """
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(model_path)
+    cfg = AutoConfig.from_pretrained(model_path).get_text_config()  # a vision-language model's decoder holds the KV
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -194,6 +201,7 @@ class VLLMRollout(RolloutEngine):
         self.llm = LLM(**kwargs)
         tok = self.llm.get_tokenizer()
         self.eos_token_id = eos_token_ids(tok, self.llm.llm_engine.model_config.hf_config)
+        self.banned_ids = placeholder_token_ids(self.llm.llm_engine.model_config.hf_config)
         pad = getattr(tok, "pad_token_id", None)
         self.pad_token_id = int(pad if pad is not None else (self.eos_token_id or [0])[0])
         self.free_cache = bool(kwargs.get("enable_sleep_mode")) and bool(_get(config, "free_cache_engine", False))
@@ -263,6 +271,7 @@ class VLLMRollout(RolloutEngine):
             max_tokens=params["response_length"],
             logprobs=params["calculate_log_probs"],
             eos_ids=self.eos_token_id,
+            banned_ids=self.banned_ids,
             ignore_eos=bool(_get(self.config, "ignore_eos", False)),
         )
 
@@ -273,7 +282,10 @@ class VLLMRollout(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         params = self.sampling_params(prompts, sampling)
-        requests = [TokensPrompt(prompt_token_ids=ids) for ids in prompt_token_lists(prompts)]
+        requests = [
+            TokensPrompt(prompt_token_ids=ids, **({"multi_modal_data": {"image": images}} if images else {}))
+            for ids, images in zip(prompt_token_lists(prompts), prompt_images(prompts), strict=True)
+        ]
         self._wake_up()
         outputs = self.llm.generate(requests, self.to_vllm_sampling(params), use_tqdm=False)
         self._sleep()
@@ -304,8 +316,11 @@ class VLLMRollout(RolloutEngine):
             self.llm.collective_rpc(_reload_in_process, args=(items,))
         else:
             self.llm.collective_rpc("hf_load_weights_bytes", args=(_state_dict_to_bytes(weights),))
-        # KV blocks cached under the old weights would be reused for shared prefixes (PLATFORM-NOTES).
+        # KV blocks cached under the old weights would be reused for shared prefixes (PLATFORM-NOTES), and so would
+        # a vision-language model's image features (vLLM's encoder cache, keyed by the image): drop both.
         self.llm.reset_prefix_cache()
+        if self.banned_ids:
+            self.llm.llm_engine.reset_encoder_cache()
 
     # -- GPU memory between phases (vLLM sleep mode; unsupported on CPU) -------------------------
     def _sleep(self) -> None:

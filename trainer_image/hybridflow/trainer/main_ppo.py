@@ -209,14 +209,15 @@ def build_worker_groups(cfg: HybridFlowConfig, tokenizer: Any = None, served_rm:
     )
 
 
-def build_data(cfg: HybridFlowConfig, tokenizer: Any) -> tuple[Any, Any]:
-    """Training loader (stateful, for exact resume) and validation loader (None without val_files)."""
+def build_data(cfg: HybridFlowConfig, tokenizer: Any, processor: Any = None) -> tuple[Any, Any]:
+    """Training loader (stateful, for exact resume) and validation loader (None without val_files); `processor`:
+    a vision-language model's, for image prompts."""
     from hybridflow.data import RLHFDataset, StatefulDataLoader
 
-    train = StatefulDataLoader.from_config(cfg, RLHFDataset.from_config(cfg, tokenizer, "train"))
+    train = StatefulDataLoader.from_config(cfg, RLHFDataset.from_config(cfg, tokenizer, "train", processor))
     val = None
     if cfg.data.val_files:
-        val_ds = RLHFDataset.from_config(cfg, tokenizer, "val")
+        val_ds = RLHFDataset.from_config(cfg, tokenizer, "val", processor)
         batch = min(cfg.data.val_batch_size or len(val_ds), len(val_ds))
         val = StatefulDataLoader(val_ds, batch, shuffle=False, drop_last=False)
     return train, val
@@ -255,6 +256,30 @@ def start_sandbox(cfg: HybridFlowConfig, data_sources: set[str]) -> Any:
     return sandbox
 
 
+def multimodal_problem(cfg: HybridFlowConfig) -> str | None:
+    """What this run asks of a vision-language model (actor_rollout_ref.model.path has an image processor) that
+    image prompts do not have here yet; None when nothing."""
+    arr = cfg.actor_rollout_ref
+    model = f"actor_rollout_ref.model.path={arr.model.path} is a vision-language model"
+    if arr.rollout.mode == "async":
+        return (f"{model}: image prompts run in sync rollout mode here (server mode's agent loops carry text only "
+                "so far); set actor_rollout_ref.rollout.mode=sync")
+    if arr.rollout.name == "hf":
+        return f"{model}: image prompts need a vLLM or SGLang rollout; set actor_rollout_ref.rollout.name=vllm"
+    unsupported = {
+        "critic (GAE)": cfg.critic_enabled,
+        "reward_model.enable (a classifier reward model)": cfg.reward_model.enable,
+        "distillation": cfg.distillation.enabled,
+        "Ulysses sequence parallelism": max(arr.actor.ulysses_sequence_parallel_size,
+                                            arr.ref.ulysses_sequence_parallel_size or 1) > 1,
+    }
+    named = [name for name, used in unsupported.items() if used]
+    if named:
+        return (f"{model}: {', '.join(named)} with image prompts is not built in HybridFlow yet; train it with a "
+                "critic-free estimator (grpo, rloo, ...), rule or custom rewards, and ulysses_sequence_parallel_size=1")
+    return None
+
+
 def profiler_tool_problem(cfg: HybridFlowConfig) -> str | None:
     """global_profiler.tool=nsys on a machine without nsys: Ray could not start the profiled workers."""
     import shutil
@@ -274,6 +299,7 @@ def run(cfg: HybridFlowConfig) -> int:
     """Build everything and train; returns the last completed global step."""
     from transformers import AutoTokenizer
 
+    from hybridflow.data.vision import load_processor
     from hybridflow.rewards import load_custom_reward_fn_from_config
     from hybridflow.trainer.ray_trainer import RayPPOTrainer, compute_total_training_steps
     from hybridflow.workers.reward_service import plan_served_reward_model
@@ -282,7 +308,12 @@ def run(cfg: HybridFlowConfig) -> int:
     sandbox = served_rm = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path)
-        train_loader, val_loader = build_data(cfg, tokenizer)
+        processor = load_processor(model_cfg.path, model_cfg.trust_remote_code)
+        if processor is not None:
+            problem = multimodal_problem(cfg)
+            if problem:
+                raise ValueError(problem)
+        train_loader, val_loader = build_data(cfg, tokenizer, processor)
         sources = set(train_loader.dataset.data_sources())
         if val_loader is not None:
             sources |= set(val_loader.dataset.data_sources())

@@ -270,7 +270,8 @@ class RayPPOTrainer(StepLoop):
         """What the rollout reads: the prompt tensors and ids; agent loops also get every dataset field."""
         if self.workers.rollout_service is not None:
             return batch.select(batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=list(batch.non_tensor_batch))
-        return batch.select(batch_keys=GEN_INPUT_KEYS, non_tensor_batch_keys=_present(batch, ["raw_prompt_ids"]))
+        return batch.select(batch_keys=GEN_INPUT_KEYS,
+                            non_tensor_batch_keys=_present(batch, ["raw_prompt_ids", "multi_modal_data"]))
 
     def _greedy_baseline(self, batch: DataProto, gen_input: DataProto) -> torch.Tensor:
         """ReMax's baseline (Li et al. 2023): the reward of the greedy response to each prompt."""
