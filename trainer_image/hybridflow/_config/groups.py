@@ -97,10 +97,11 @@ class DataConfig(Section):
         description="Validation parquet files, as train_files; empty means no validation.",
     )
     prompt_key: str = Field(default="prompt", description="Column holding the prompt (chat messages).")
-    image_key: str = Field(
-        default="images",
+    image_key: str | None = Field(
+        default=None,
         description="Column holding a row's images (HF datasets' image dicts, paths or bytes), each placed where its "
-        "`<image>` stands in the prompt; read when the model is a vision-language model (docs/multimodal.md).",
+        "`<image>` stands in the prompt; null: verl's `images`. Read when the model is a vision-language model; "
+        "setting it says the run means image prompts (docs/multimodal.md).",
     )
     reward_fn_key: str = Field(default="data_source", description="Column that selects the reward function.")
     max_prompt_length: int = Field(default=512, gt=0, description="Prompt length limit in tokens.")

@@ -88,8 +88,12 @@ ULYSSES = Feature(
     later=True,
 )
 MULTIMODAL = Feature(
-    "multimodal", "multimodal (image/video) input",
-    "HybridFlow trains text-only models: remove the image/video keys and use a text dataset", later=True,
+    "multimodal", "this multimodal feature (video input, vision-tower freezing, verl's multimodal extras)",
+    "image prompts run with data.image_key in sync rollout (docs/multimodal.md): remove this key", later=True,
+)
+MULTIMODAL_SERVER = Feature(
+    "multimodal_server", "image prompts in server mode (rollout.mode=async, agent loops)",
+    "image prompts run in sync rollout here: set actor_rollout_ref.rollout.mode=sync", later=True,
 )
 LORA_CRITIC = Feature(
     "lora_critic", "LoRA for the critic (critic.model.lora_*)",
@@ -193,7 +197,7 @@ KEYS: tuple[VerlKey, ...] = (
     VerlKey("data.video_key", MULTIMODAL),
     VerlKey("data.process_multi_modal_inputs_in_dataset", MULTIMODAL),
     VerlKey("actor_rollout_ref.actor.freeze_vision_tower", MULTIMODAL, accepts=(False,),
-            note="false: there is no vision tower here"),
+            note="false: the vision tower trains with the rest, as here"),
     VerlKey("actor_rollout_ref.model.custom_chat_template", MULTIMODAL),
     VerlKey("actor_rollout_ref.model.lora", MEGATRON_LORA),
     VerlKey("critic.model.lora_rank", LORA_CRITIC, accepts=(0,), note="0 means no LoRA, as here"),
@@ -421,7 +425,7 @@ def all_features() -> list[Feature]:
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
     for feature in [*candidates, ROLLOUT_TP_NODES, TOOL_FORMATS, CUSTOM_SERVER,
-                    DISTILL_GKD, MULTI_TEACHER]:
+                    DISTILL_GKD, MULTI_TEACHER, MULTIMODAL_SERVER]:
         if feature is not None:
             found.setdefault(feature.message, feature)
     return list(found.values())

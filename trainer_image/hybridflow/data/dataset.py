@@ -201,7 +201,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             return_full_prompt=bool(getattr(data, "return_full_prompt", False)),
             apply_chat_template_kwargs=getattr(data, "apply_chat_template_kwargs", None),
             processor=processor,
-            image_key=getattr(data, "image_key", "images"),
+            image_key=getattr(data, "image_key", None) or "images",
         )
 
     def _messages(self, row: dict[str, Any], origin: tuple[str, int]) -> list[dict[str, Any]]:

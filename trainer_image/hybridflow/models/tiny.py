@@ -1,4 +1,4 @@
-"""Build a tiny random-weight Hugging Face model folder (Qwen2 or Llama) for tests and the demo.
+"""Build a tiny random-weight Hugging Face model folder (Qwen2, Llama, or an Idefics3 vision-language model) for tests and the demo.
 
     python -m hybridflow.models.tiny --out /tmp/tiny              # toy char-level tokenizer
     python -m hybridflow.models.tiny --out DIR --tokenizer TOKDIR --arch llama

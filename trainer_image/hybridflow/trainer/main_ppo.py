@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridflow._config import verl_compat
+from hybridflow._config import verl_compat, verl_features
 from hybridflow._config.verl_compat import resolve_config_name
 from hybridflow.config import ConfigError, HybridFlowConfig, load_config
 from hybridflow.workers.cpu_slots import cpu_share
@@ -262,8 +262,7 @@ def multimodal_problem(cfg: HybridFlowConfig) -> str | None:
     arr = cfg.actor_rollout_ref
     model = f"actor_rollout_ref.model.path={arr.model.path} is a vision-language model"
     if arr.rollout.mode == "async":
-        return (f"{model}: image prompts run in sync rollout mode here (server mode's agent loops carry text only "
-                "so far); set actor_rollout_ref.rollout.mode=sync")
+        return f"{model}: {verl_features.MULTIMODAL_SERVER.message}"
     if arr.rollout.name == "hf":
         return f"{model}: image prompts need a vLLM or SGLang rollout; set actor_rollout_ref.rollout.name=vllm"
     unsupported = {
