@@ -196,8 +196,6 @@ KEYS: tuple[VerlKey, ...] = (
             note="1 means no sequence parallelism, as here"),
     VerlKey("data.video_key", MULTIMODAL),
     VerlKey("data.process_multi_modal_inputs_in_dataset", MULTIMODAL),
-    VerlKey("actor_rollout_ref.actor.freeze_vision_tower", MULTIMODAL, accepts=(False,),
-            note="false: the vision tower trains with the rest, as here"),
     VerlKey("actor_rollout_ref.model.custom_chat_template", MULTIMODAL),
     VerlKey("actor_rollout_ref.model.lora", MEGATRON_LORA),
     VerlKey("critic.model.lora_rank", LORA_CRITIC, accepts=(0,), note="0 means no LoRA, as here"),

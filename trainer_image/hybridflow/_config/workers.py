@@ -169,6 +169,11 @@ class ActorConfig(Section):
     )
     ulysses_sequence_parallel_size: int = Field(default=1, ge=1, description=SP_DOC)
     grad_clip: float = Field(default=1.0, gt=0, description="Clip the global gradient norm to this.")
+    freeze_vision_tower: bool = Field(
+        default=False,
+        description="A vision-language model's vision encoder keeps its weights (no gradient, no optimizer state); "
+        "the projector into the decoder and the decoder train. Refused for a text-only model.",
+    )
     clip_ratio: float = Field(
         default=0.2, gt=0, description="PPO clip epsilon (both sides unless set apart)."
     )

@@ -63,6 +63,21 @@ def is_vision_config(config: Any) -> bool:
 PLACEHOLDER_LOGIT_BIAS = -100.0
 
 
+#: where vision-language models keep their vision encoder, on the model or its backbone (`model.model`)
+VISION_TOWERS = ("visual", "vision_tower", "vision_model")
+
+
+def vision_tower(model: Any) -> Any:
+    """A vision-language model's vision encoder module (Qwen-VL's `visual`, LLaVA's `vision_tower`, Idefics3's
+    `vision_model`), or None."""
+    for owner in (model, getattr(model, "model", None)):
+        for name in VISION_TOWERS:
+            tower = getattr(owner, name, None) if owner is not None else None
+            if tower is not None:
+                return tower
+    return None
+
+
 def placeholder_token_ids(config: Any) -> list[int]:
     """The token ids a vision-language model replaces with image (or video) features wherever they appear (HF finds
     them by id): a rollout must not sample them, or the trainer would take a generated one for an image. The

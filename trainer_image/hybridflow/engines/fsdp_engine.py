@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hybridflow.data.vision import is_vision_config, placeholder_bias
+from hybridflow.data.vision import VISION_TOWERS, is_vision_config, placeholder_bias, vision_tower
 from hybridflow.engines import fused_head, lora
 from hybridflow.engines.optim import build_lr_scheduler, build_optimizer
 from hybridflow.engines.ulysses import SequenceGroups, UlyssesModel, build_groups, check_sequence_parallel
@@ -214,6 +214,7 @@ class FSDPEngine:
         seed: int = 0,
         cpu_mixed_precision: bool = False,
         sequence_parallel_size: int = 1,
+        freeze_vision_tower: bool = False,
     ) -> None:
         self.device = resolve_device(device)
         self.distributed = dist.is_available() and dist.is_initialized()
@@ -245,6 +246,14 @@ class FSDPEngine:
         # the actor needs the response positions only, and the LM head is a large share of the
         # compute of a small model.
         self.can_keep_logits = kind == "causal_lm" and "logits_to_keep" in inspect.signature(module.forward).parameters
+        if freeze_vision_tower:  # actor.freeze_vision_tower: before LoRA and sharding; the optimizer skips it
+            tower = vision_tower(module)
+            if tower is None:
+                raise ValueError(
+                    f"actor.freeze_vision_tower=true: {type(module).__name__} has no vision tower (looked for "
+                    f"{', '.join(VISION_TOWERS)}); it is for vision-language models: set it to false"
+                )
+            tower.requires_grad_(False)
         if optim_config is not None and _get(model_config, "enable_gradient_checkpointing", False):
             module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # model.enable_activation_offload: a trained model's saved activations go to host memory (see training_step)

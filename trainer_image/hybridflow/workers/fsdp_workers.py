@@ -163,6 +163,7 @@ class ActorRolloutRefWorker(_DistributedWorker):
                 grad_clip=actor_cfg.grad_clip,
                 seed=seed,
                 sequence_parallel_size=actor_cfg.ulysses_sequence_parallel_size,
+                freeze_vision_tower=actor_cfg.freeze_vision_tower,
             )
             self.actor = PPOActor(engine, actor_cfg, seed=seed)
         if "ref" in self.roles:
