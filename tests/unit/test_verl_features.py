@@ -72,7 +72,7 @@ def test_every_feature_message_says_not_supported_or_not_yet_and_what_to_do() ->
         ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.strategy: verl's Megatron-LM backend"),
         ("reward_model.ulysses_sequence_parallel_size=2",
          "Ulysses sequence parallelism for the reward model (size > 1) is not built"),
-        ("data.video_key=videos", "data.video_key: this multimodal feature (video input, vision-tower freezing"),
+        ("data.video_key=videos", "data.video_key: this multimodal feature (video input, verl's multimodal extras)"),
         ("critic.model.lora_rank=32", "critic.model.lora_rank: LoRA for the critic (critic.model.lora_*) is not built"),
         ("actor_rollout_ref.model.lora.rank=32", "actor_rollout_ref.model.lora: verl's Megatron LoRA section"),
         ("actor_rollout_ref.rollout.name=trtllm", "the TensorRT-LLM rollout engine is not supported by HybridFlow; use "),

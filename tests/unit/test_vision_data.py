@@ -124,9 +124,10 @@ def test_what_image_prompts_lack_here_is_refused_before_ray_starts(override: str
     assert multimodal_problem(load_run_config([str(repo / "examples" / "tiny_grpo_vision.yaml")])[0]) is None
 
 
-def test_image_prompts_in_server_mode_are_refused_by_the_config_when_the_image_column_is_named() -> None:
+def test_image_prompts_in_multi_turn_loops_are_refused_by_the_config_when_the_image_column_is_named() -> None:
     repo = Path(__file__).resolve().parents[2]
-    with pytest.raises(ConfigError, match=r"image prompts in server mode .* set actor_rollout_ref.rollout.mode=sync"):
-        load_run_config([str(repo / "examples" / "tiny_grpo_vision.yaml"), "actor_rollout_ref.rollout.mode=async"])
-    # without the key (a text run in server mode) the config is fine; a VLM found at start-up is refused then
-    load_run_config([str(repo / "examples" / "tiny_tool_agent.yaml")])
+    example = str(repo / "examples" / "tiny_grpo_vision.yaml")
+    with pytest.raises(ConfigError, match=r"image prompts in multi-turn agent loops .*multi_turn.enable=false"):
+        load_run_config([example, "actor_rollout_ref.rollout.mode=async", "actor_rollout_ref.rollout.multi_turn.enable=true"])
+    # server mode's single-turn loop carries images
+    assert multimodal_problem(load_run_config([example, "actor_rollout_ref.rollout.mode=async"])[0]) is None

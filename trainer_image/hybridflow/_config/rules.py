@@ -442,10 +442,10 @@ def _agent_rollout(cfg: HybridFlowConfig) -> list[str]:
             f"{ROLLOUT}.mode: async serves rollouts from engine replicas (vLLM AsyncLLM or SGLang), and the hf "
             f"rollout is not a server; set {ROLLOUT}.name=vllm (CPU: `make vllm`) or sglang (GPU), or mode=sync"
         )
-    if ro.mode == "async" and cfg.data.image_key is not None:
+    if ro.mode == "async" and mt.enable and cfg.data.image_key is not None:
         # a vision-language model is only known once its folder is read (main_ppo.multimodal_problem); naming the
         # image column says the run means image prompts
-        out.append(f"{ROLLOUT}.mode: {verl_features.MULTIMODAL_SERVER.message} (data.image_key is set)")
+        out.append(f"{ROLLOUT}.multi_turn.enable: {verl_features.MULTIMODAL_AGENTS.message} (data.image_key is set)")
     slots = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if ro.mode == "async" and ro.replicas and ro.replicas * ro.tensor_model_parallel_size > slots:
         out.append(

@@ -88,12 +88,13 @@ ULYSSES = Feature(
     later=True,
 )
 MULTIMODAL = Feature(
-    "multimodal", "this multimodal feature (video input, vision-tower freezing, verl's multimodal extras)",
-    "image prompts run with data.image_key in sync rollout (docs/multimodal.md): remove this key", later=True,
+    "multimodal", "this multimodal feature (video input, verl's multimodal extras)",
+    "image prompts run with data.image_key (docs/multimodal.md): remove this key", later=True,
 )
-MULTIMODAL_SERVER = Feature(
-    "multimodal_server", "image prompts in server mode (rollout.mode=async, agent loops)",
-    "image prompts run in sync rollout here: set actor_rollout_ref.rollout.mode=sync", later=True,
+MULTIMODAL_AGENTS = Feature(
+    "multimodal_agents", "image prompts in multi-turn agent loops (tools, interactions)",
+    "image prompts run in sync rollout or the single-turn agent loop here: set "
+    "actor_rollout_ref.rollout.multi_turn.enable=false", later=True,
 )
 LORA_CRITIC = Feature(
     "lora_critic", "LoRA for the critic (critic.model.lora_*)",
@@ -423,7 +424,7 @@ def all_features() -> list[Feature]:
     found: dict[str, Feature] = {}
     candidates = [k.feature for k in KEYS] + [v.feature for v in VALUES] + [c.feature for c in CONFIG_NAMES.values()]
     for feature in [*candidates, ROLLOUT_TP_NODES, TOOL_FORMATS, CUSTOM_SERVER,
-                    DISTILL_GKD, MULTI_TEACHER, MULTIMODAL_SERVER]:
+                    DISTILL_GKD, MULTI_TEACHER, MULTIMODAL_AGENTS]:
         if feature is not None:
             found.setdefault(feature.message, feature)
     return list(found.values())

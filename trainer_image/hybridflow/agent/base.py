@@ -35,10 +35,19 @@ class AsyncServerClient(Protocol):
     """What an agent loop needs from the rollout service (verl's `server_manager.generate`)."""
 
     async def generate(
-        self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]
+        self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+        multi_modal_data: dict[str, Any] | None = None,
     ) -> TokenOutput:
-        """Continue `prompt_ids`; `request_id` names the trajectory (its turns stick to one replica)."""
+        """Continue `prompt_ids`; `request_id` names the trajectory (its turns stick to one replica).
+        `multi_modal_data`: an image prompt's images (`{"image": [PIL images]}`; `prompt_ids` then hold one
+        placeholder per image, which the engine expands)."""
         ...
+
+
+def with_images(multi_modal_data: dict[str, Any] | None) -> dict[str, Any]:
+    """The `multi_modal_data` keyword for a server's generate, only for an image prompt: a text prompt's call stays
+    the three keywords every `AsyncServerClient` takes."""
+    return {"multi_modal_data": multi_modal_data} if multi_modal_data else {}
 
 
 @dataclass

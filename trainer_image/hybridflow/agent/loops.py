@@ -24,7 +24,15 @@ import time
 import uuid
 from typing import Any
 
-from hybridflow.agent.base import AgentLoopBase, AgentLoopOutput, TokenOutput, register, sampling_for_turn
+from hybridflow._config.verl_features import MULTIMODAL_AGENTS
+from hybridflow.agent.base import (
+    AgentLoopBase,
+    AgentLoopOutput,
+    TokenOutput,
+    register,
+    sampling_for_turn,
+    with_images,
+)
 from hybridflow.agent.chat import render_ids
 from hybridflow.agent.tool_parser import Call, ToolCallError, get_tool_parser
 from hybridflow.interactions.base import BaseInteraction
@@ -43,7 +51,8 @@ class SingleTurnAgentLoop(AgentLoopBase):
         prompt_ids = list(kwargs["raw_prompt_ids"])
         params = sampling_for_turn(sampling_params, self.response_length, None)
         out = await self.server_manager.generate(
-            request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, sampling_params=params
+            request_id=uuid.uuid4().hex, prompt_ids=prompt_ids, sampling_params=params,
+            **with_images(kwargs.get("multi_modal_data")),  # an image prompt's images
         )
         ids = out.token_ids[: self.response_length]
         return AgentLoopOutput(
@@ -72,6 +81,8 @@ class ToolAgentLoop(AgentLoopBase):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """One trajectory of model and tool turns."""
+        if kwargs.get("multi_modal_data"):
+            raise ValueError(f"the tool agent loop got an image prompt: {MULTIMODAL_AGENTS.message}")
         request_id = uuid.uuid4().hex
         if self.tool_schemas and kwargs.get("raw_prompt"):
             prompt_ids = render_ids(self.tokenizer, list(kwargs["raw_prompt"]), tools=self.tool_schemas,

@@ -33,7 +33,7 @@ from hybridflow.agent.over_sample import (
 )
 from hybridflow.agent.stream import TOKEN_VERSIONS, versions_tensor
 from hybridflow.protocol import DataProto
-from hybridflow.rollout.token_io import resolve_sampling, with_validation_sampling
+from hybridflow.rollout.token_io import prompt_images, resolve_sampling, with_validation_sampling
 from hybridflow.tools.base import BaseTool
 
 SAMPLE_FIELDS_SKIPPED = ("input_ids", "attention_mask", "position_ids")
@@ -222,6 +222,25 @@ class AgentLoopManager:
         self.events.close()
 
     # -- packing ------------------------------------------------------------------------------------
+    @staticmethod
+    def _trained_prompts(prompts: DataProto, outputs: list[AgentLoopOutput]) -> list[list[int]]:
+        """The prompt ids the trainer sees per trajectory: the engine's, but an image prompt's as the processor
+        expanded them (the dataset's `input_ids`), since the engine expanded its placeholders itself."""
+        images = prompt_images(prompts) if "input_ids" in prompts.batch else [None] * len(outputs)
+        trained = []
+        for i, out in enumerate(outputs):
+            if not images[i]:
+                trained.append(list(out.prompt_ids))
+                continue
+            if list(out.prompt_ids) != list(prompts.non_tensor_batch["raw_prompt_ids"][i]):
+                raise ValueError(
+                    "an agent loop sent an image prompt other than its dataset prompt (raw_prompt_ids); image prompts "
+                    "run in the single-turn loop, whose prompt the trainer can expand as the engine did"
+                )
+            mask = prompts.batch["attention_mask"][i].bool()
+            trained.append(prompts.batch["input_ids"][i][mask].tolist())
+        return trained
+
     def _pack(self, prompts: DataProto, outputs: list[AgentLoopOutput], with_logprobs: bool) -> DataProto:
         b, p_len, r_len = len(outputs), self.prompt_length, self.response_length
         prompt_ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
@@ -230,15 +249,16 @@ class AgentLoopManager:
         response_attn = torch.zeros(b, r_len, dtype=torch.long)
         response_mask = torch.zeros(b, r_len, dtype=torch.long)
         log_probs = torch.zeros(b, r_len)
+        trained = self._trained_prompts(prompts, outputs)
         for i, out in enumerate(outputs):
-            if len(out.prompt_ids) > p_len:
+            if len(trained[i]) > p_len:
                 raise ValueError(
-                    f"a trajectory's prompt is {len(out.prompt_ids)} tokens (with the tool schemas the chat template "
+                    f"a trajectory's prompt is {len(trained[i])} tokens (with the tool schemas the chat template "
                     f"adds), longer than rollout.prompt_length / data.max_prompt_length={p_len}; raise data.max_prompt_length"
                 )
-            n_p, n_r = len(out.prompt_ids), min(len(out.response_ids), r_len)
+            n_p, n_r = len(trained[i]), min(len(out.response_ids), r_len)
             if n_p:
-                prompt_ids[i, p_len - n_p:] = torch.tensor(out.prompt_ids)
+                prompt_ids[i, p_len - n_p:] = torch.tensor(trained[i])
                 prompt_mask[i, p_len - n_p:] = 1
             if n_r:
                 responses[i, :n_r] = torch.tensor(out.response_ids[:n_r])

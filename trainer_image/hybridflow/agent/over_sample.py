@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from hybridflow.agent.base import AgentLoopOutput, TokenOutput
+from hybridflow.agent.base import AgentLoopOutput, TokenOutput, with_images
 
 logger = logging.getLogger(__name__)
 
@@ -55,14 +55,15 @@ class CutOffGate:
         """The router's failover count (the manager reports it per step)."""
         return int(getattr(self.server, "failovers", 0))
 
-    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
         """The router's generation, or at once an empty aborted one after `cut()`."""
         if self.closed:
             return TokenOutput([], None, "abort")
         self._inflight[request_id] = self._inflight.get(request_id, 0) + 1
         try:
             return await self.server.generate(request_id=request_id, prompt_ids=prompt_ids,
-                                              sampling_params=sampling_params)
+                                              sampling_params=sampling_params, **with_images(multi_modal_data))
         finally:
             left = self._inflight.pop(request_id) - 1
             if left > 0:

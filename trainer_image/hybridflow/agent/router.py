@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from hybridflow.agent.base import AsyncServerClient, TokenOutput
+from hybridflow.agent.base import AsyncServerClient, TokenOutput, with_images
 
 logger = logging.getLogger(__name__)
 MAX_SESSIONS = 100_000
@@ -60,7 +60,8 @@ class Router:
             self.sessions.popitem(last=False)
         return index
 
-    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
         """Generate on the session's replica; on a replica failure retry on the others (then wait for one)."""
         for _ in range(4 * len(self.replicas)):
             try:
@@ -71,7 +72,8 @@ class Router:
             self.outstanding[index] += 1
             try:
                 out = await self.replicas[index].generate(
-                    request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
+                    request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params,
+                    **with_images(multi_modal_data),
                 )
             except ReplicaUnavailable:
                 self.failovers += 1

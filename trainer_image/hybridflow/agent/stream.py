@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybridflow.agent.base import TokenOutput
+from hybridflow.agent.base import TokenOutput, with_images
 from hybridflow.protocol import DataProto
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,8 @@ class VersionedServer:
         """The router's failover count (the manager reports it per step)."""
         return int(getattr(self.server, "failovers", 0))
 
-    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
         """Generate, waiting while paused; continue across a partial-rollout pause (see the class docstring)."""
         budget = int(sampling_params.get("max_tokens", 1))
         tokens: list[int] = []
@@ -79,7 +80,7 @@ class VersionedServer:
             self._enter(request_id)
             try:
                 out = await self.server.generate(request_id=request_id, prompt_ids=list(prompt_ids) + tokens,
-                                                 sampling_params=params)
+                                                 sampling_params=params, **with_images(multi_modal_data))
             finally:
                 interrupted = request_id in self._interrupted
                 self._leave(request_id)

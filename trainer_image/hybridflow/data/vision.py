@@ -88,6 +88,17 @@ def placeholder_token_ids(config: Any) -> list[int]:
     return sorted({int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int) and v >= 0})
 
 
+def model_placeholder_token_ids(path: str) -> list[int]:
+    """`placeholder_token_ids` of the model folder at `path` ([] when its config cannot be read: an engine that
+    loads it fails on its own terms)."""
+    from transformers import AutoConfig
+
+    try:
+        return placeholder_token_ids(AutoConfig.from_pretrained(path))
+    except (OSError, ValueError):
+        return []
+
+
 def placeholder_bias(config: Any, vocab_size: int, device: Any = None) -> Any:
     """The (vocab_size,) logit bias of `placeholder_token_ids`, or None for a text model."""
     import torch

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from hybridflow.agent.base import TokenOutput
+from hybridflow.data.vision import model_placeholder_token_ids
 from hybridflow.rollout.sglang_rollout import INSTALL_HINT, engine_kwargs, parse_output, sampling_params
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,7 @@ class AsyncSGLangEngine:
             eos, _ = _special_ids(model_path, None, None)
             eos_token_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_token_ids = list(eos_token_ids)
+        self.banned_ids = model_placeholder_token_ids(model_path)  # a vision-language model's image tokens
         self.ignore_eos = bool(getattr(config, "ignore_eos", False))
         self.free_cache = bool(kwargs["enable_memory_saver"])
         self.released = False
@@ -167,14 +169,17 @@ class AsyncSGLangEngine:
         return sampling_params({
             "greedy": greedy, "temperature": params.get("temperature", 1.0), "top_p": params.get("top_p", 1.0),
             "top_k": params.get("top_k", -1), "response_length": params["max_tokens"],
-        }, self.eos_token_ids, self.ignore_eos)
+        }, self.eos_token_ids, self.ignore_eos, self.banned_ids)
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str) -> TokenOutput:
-        """Continue `prompt_ids`; an aborted request returns what it had with finish_reason abort."""
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                       multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
+        """Continue `prompt_ids` (an image prompt's images go as SGLang's image_data); an aborted request returns
+        what it had with finish_reason abort."""
         want_lp = bool(sampling_params.get("logprobs", True))
+        images = (multi_modal_data or {}).get("image")
         try:
             out = await self.engine.async_generate(input_ids=list(prompt_ids), sampling_params=self.sampling(
-                sampling_params), return_logprob=want_lp, rid=request_id)
+                sampling_params), return_logprob=want_lp, rid=request_id, **({"image_data": images} if images else {}))
         except Exception:
             if request_id in self.aborted:  # some SGLang versions raise on a request aborted by its caller
                 self.aborted.discard(request_id)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from hybridflow.agent.base import TokenOutput
+from hybridflow.data.vision import placeholder_token_ids
 from hybridflow.rollout.vllm_rollout import (
     VLLMRollout,
     _state_dict_to_bytes,
@@ -65,6 +66,7 @@ class AsyncVLLMEngine:
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         self.dtype = self.engine.model_config.dtype
         self.eos_token_ids = eos_token_ids(self.engine.tokenizer, self.engine.model_config.hf_config)
+        self.banned_ids = placeholder_token_ids(self.engine.model_config.hf_config)  # a VLM's image tokens
         self.free_cache = dev.type == "cuda" and bool(kwargs.get("enable_sleep_mode"))
         self.ignore_eos = bool(getattr(config, "ignore_eos", False))
 
@@ -80,15 +82,19 @@ class AsyncVLLMEngine:
             eos_ids=self.eos_token_ids,
             ignore_eos=self.ignore_eos,
             seed=params.get("seed"),
+            banned_ids=self.banned_ids,
         )
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str) -> TokenOutput:
-        """Continue `prompt_ids`; an aborted request returns what it had with finish_reason abort."""
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                       multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
+        """Continue `prompt_ids` (with an image prompt's images, which vLLM expands into their placeholders); an
+        aborted request returns what it had with finish_reason abort."""
         from vllm.inputs import TokensPrompt
 
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)),
-                                              self.sampling(sampling_params), request_id=request_id):
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids),
+                              **({"multi_modal_data": multi_modal_data} if multi_modal_data else {}))
+        async for out in self.engine.generate(prompt, self.sampling(sampling_params), request_id=request_id):
             final = out
         if final is None:
             return TokenOutput([], [], "abort")
@@ -109,6 +115,8 @@ class AsyncVLLMEngine:
         cast = ((n, t.detach().to(self.dtype) if t.is_floating_point() else t.detach()) for n, t in weights)
         await self.engine.collective_rpc("hf_load_weights_bytes", args=(_state_dict_to_bytes(cast),))
         await self.engine.reset_prefix_cache()
+        if self.banned_ids:  # a vision-language model: image features of the old weights are cached by image
+            await self.engine.reset_encoder_cache()
 
     async def sleep(self) -> None:
         """GPU: release weights and KV cache while the trainer uses the device (no-op on CPU)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.data.vision import PLACEHOLDER_LOGIT_BIAS, model_placeholder_token_ids
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import RolloutEngine, assemble_output
 from hybridflow.rollout.token_io import (
@@ -58,10 +59,14 @@ def engine_kwargs(model_path: str, config: Any, max_model_len: int | None = None
     return kwargs
 
 
-def sampling_params(params: Mapping[str, Any], stop_token_ids: Sequence[int], ignore_eos: bool) -> dict[str, Any]:
-    """SGLang's sampling dict from `resolve_sampling` output (greedy = temperature 0)."""
+def sampling_params(params: Mapping[str, Any], stop_token_ids: Sequence[int], ignore_eos: bool,
+                    banned_ids: Sequence[int] = ()) -> dict[str, Any]:
+    """SGLang's sampling dict from `resolve_sampling` output (greedy = temperature 0); `banned_ids` (a vision-language
+    model's image tokens) get PLACEHOLDER_LOGIT_BIAS, as in the trainer."""
     greedy = bool(params["greedy"])
+    bias = {"logit_bias": {str(int(t)): PLACEHOLDER_LOGIT_BIAS for t in banned_ids}} if banned_ids else {}
     return {
+        **bias,
         "n": 1,
         "temperature": 0.0 if greedy else float(params["temperature"]),
         "top_p": 1.0 if greedy else float(params["top_p"]),
@@ -123,6 +128,7 @@ class SGLangRollout(RolloutEngine):
             eos_token_id, pad_token_id = _special_ids(model_path, eos_token_id, pad_token_id)
         self.eos_token_id = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
         self.pad_token_id = int(pad_token_id if pad_token_id is not None else (self.eos_token_id or [0])[0])
+        self.banned_ids = model_placeholder_token_ids(model_path)
         self.free_cache = bool(config_value(config, "free_cache_engine", False))
         self.released = False
         if engine is None:
@@ -144,7 +150,7 @@ class SGLangRollout(RolloutEngine):
         images = prompt_images(prompts)
         outputs = self.engine.generate(
             input_ids=prompt_token_lists(prompts),
-            sampling_params=sampling_params(params, self.eos_token_id, ignore_eos),
+            sampling_params=sampling_params(params, self.eos_token_id, ignore_eos, self.banned_ids),
             return_logprob=want_lp,
             **({"image_data": images} if any(images) else {}),  # per request: its images, or None
         )

@@ -261,8 +261,8 @@ def multimodal_problem(cfg: HybridFlowConfig) -> str | None:
     image prompts do not have here yet; None when nothing."""
     arr = cfg.actor_rollout_ref
     model = f"actor_rollout_ref.model.path={arr.model.path} is a vision-language model"
-    if arr.rollout.mode == "async":
-        return f"{model}: {verl_features.MULTIMODAL_SERVER.message}"
+    if arr.rollout.mode == "async" and arr.rollout.multi_turn.enable:
+        return f"{model}: {verl_features.MULTIMODAL_AGENTS.message}"
     if arr.rollout.name == "hf":
         return f"{model}: image prompts need a vLLM or SGLang rollout; set actor_rollout_ref.rollout.name=vllm"
     unsupported = {

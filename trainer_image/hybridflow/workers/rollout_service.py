@@ -102,9 +102,10 @@ class RolloutReplica:
         """The replica's process id and weight version (a restarted replica reports -1)."""
         return {"pid": os.getpid(), "rank": self.rank, "weights_version": self.weights_version}
 
-    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str) -> TokenOutput:
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                       multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
         """One generation (see `AsyncVLLMEngine.generate` / `AsyncSGLangEngine.generate`)."""
-        return await self.engine.generate(prompt_ids, sampling_params, request_id)
+        return await self.engine.generate(prompt_ids, sampling_params, request_id, multi_modal_data)
 
     async def abort(self, request_id: str) -> None:
         """Cancel a request in flight."""
@@ -142,12 +143,13 @@ class RayReplicaClient:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
+    async def generate(self, *, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any],
+                       multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
         """Forward to the actor; Ray's actor-death errors become `ReplicaUnavailable` for the router."""
         import ray.exceptions as rex
 
         try:
-            return await self.handle.generate.remote(prompt_ids, sampling_params, request_id)
+            return await self.handle.generate.remote(prompt_ids, sampling_params, request_id, multi_modal_data)
         except (rex.RayActorError, rex.ActorUnavailableError) as err:
             raise ReplicaUnavailable(str(err)) from err
 
