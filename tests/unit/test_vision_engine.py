@@ -92,3 +92,41 @@ def test_freeze_vision_tower_on_a_text_model_is_refused_with_the_fix(tmp_path: P
     path = build_tiny_model(tmp_path / "text")
     with pytest.raises(ValueError, match="has no vision tower .* set it to false"):
         FSDPEngine(str(path), optim_config={"lr": 1e-3}, freeze_vision_tower=True)
+
+
+def test_a_vlm_checkpoint_exports_to_a_folder_that_loads_with_its_processor(tmp_path: Path) -> None:
+    """The checkpoint's huggingface/ holds the processor; the merger writes an image-text-to-text folder whose
+    logits on an image prompt equal the engine's."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from hybridflow.data.toy_vision import COLORS, color_image
+    from hybridflow.data.vision import decode_image, model_inputs
+    from hybridflow.model_merger import merge
+    from hybridflow.workers.ckpt_io import save_engine_checkpoint
+
+    path = build_tiny_vlm(tmp_path / "vlm")
+    engine = FSDPEngine(str(path), optim_config={"lr": 1e-2})
+    processor = AutoProcessor.from_pretrained(path)
+    import random
+
+    image = decode_image({"bytes": color_image(COLORS["g"], random.Random(0))}, "test")
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}],
+                                         add_generation_prompt=True, tokenize=False)
+    ids, inputs = model_inputs(processor, text, [image])
+    batch = torch.tensor([ids])
+    mask = torch.ones_like(batch)
+    engine.forward(batch, mask, mask.cumsum(-1) - 1, multi_modal_inputs=[inputs]).logsumexp(-1).mean().backward()
+    engine.optimizer_step()
+    with torch.no_grad():
+        expected = engine.forward(batch, mask, mask.cumsum(-1) - 1, multi_modal_inputs=[inputs])
+    save_engine_checkpoint(engine, str(tmp_path / "ckpt" / "actor"), ["model", "extra"])
+    assert (tmp_path / "ckpt" / "actor" / "huggingface" / "processor_config.json").is_file()
+    out = tmp_path / "export"
+    merge(str(tmp_path / "ckpt" / "actor"), str(out))
+    exported = AutoModelForImageTextToText.from_pretrained(out).eval()
+    again = AutoProcessor.from_pretrained(out)
+    assert again.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "?"}]}],
+                                     add_generation_prompt=True, tokenize=False) == text
+    with torch.no_grad():
+        logits = exported(input_ids=batch, attention_mask=mask, **inputs).logits
+    assert torch.allclose(logits, expected, atol=1e-5)

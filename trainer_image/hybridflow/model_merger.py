@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow import storage
+from hybridflow.data.vision import save_processor
 
 HF_DIR = "huggingface"
 MODEL_FILE = "model.pt"
@@ -90,12 +91,21 @@ def staged_checkpoint(local_dir: str) -> Iterator[str]:
 
 
 def _auto_class(config: Any) -> Any:
-    """The transformers Auto class of a checkpoint's architecture (causal LM, or a critic's value head)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    """The transformers Auto class of a checkpoint's architecture (causal LM, a vision-language model, or a critic's
+    value head)."""
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
+
+    from hybridflow.data.vision import is_vision_config
 
     arch = (getattr(config, "architectures", None) or [""])[0]
     if arch.endswith("ForTokenClassification"):
         return AutoModelForTokenClassification
+    if is_vision_config(config):
+        return AutoModelForImageTextToText
     if arch.endswith("ForCausalLM") or not arch:
         return AutoModelForCausalLM
     raise MergeError(f"architecture {arch} is neither a causal LM nor a token-classification value model; "
@@ -211,6 +221,7 @@ def write_folder(model: Any, ckpt: str, out: str, *, hf_model_path: str | None, 
     model.save_pretrained(out, max_shard_size=max_shard_size, safe_serialization=True)
     tok_source = _metadata_source(ckpt, hf_model_path, "tokenizer", _has_tokenizer)
     AutoTokenizer.from_pretrained(tok_source).save_pretrained(out)
+    save_processor(tok_source, out)
     if lora:
         shutil.copytree(os.path.join(ckpt, ADAPTER_DIR), os.path.join(out, ADAPTER_DIR))
 

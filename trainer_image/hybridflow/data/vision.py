@@ -43,6 +43,21 @@ def load_processor(path: str, trust_remote_code: bool = False) -> Any:
     return processor
 
 
+def save_processor(source: str, folder: str) -> None:
+    """Beside a checkpoint's or an export's tokenizer: the vision-language model's processor from `source` (image
+    processor, processor and chat template), so the folder loads with AutoProcessor; nothing for a text model. One
+    that cannot be loaded here (e.g. it needs torchvision) is logged, not raised: the weights are what matters."""
+    import logging
+
+    try:
+        processor = load_processor(source)
+    except ValueError as exc:
+        logging.getLogger(__name__).warning("the image processor of %s is not saved with the weights: %s", source, exc)
+        return
+    if processor is not None:
+        processor.save_pretrained(folder)
+
+
 def _is_text_only(path: str, trust_remote_code: bool) -> bool:
     from transformers import AutoConfig
 

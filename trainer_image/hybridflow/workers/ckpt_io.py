@@ -29,6 +29,7 @@ from typing import Any
 import fsspec
 import torch
 
+from hybridflow.data.vision import save_processor
 from hybridflow.engines import lora
 from hybridflow.engines.fsdp_engine import FSDPEngine
 
@@ -79,6 +80,7 @@ def write_hf_metadata(engine: FSDPEngine, folder: str) -> None:
     except (OSError, ValueError) as exc:
         logger.warning("checkpoint without a tokenizer: %s could not be loaded (%s); an export needs "
                        "--hf_model_path then", engine.tokenizer_path, exc)
+    save_processor(engine.tokenizer_path, folder)
 
 
 def save_engine_checkpoint(engine: FSDPEngine, dir_uri: str, contents: Sequence[str]) -> None:
