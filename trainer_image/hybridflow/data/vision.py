@@ -104,12 +104,12 @@ def placeholder_token_ids(config: Any) -> list[int]:
 
 
 def model_placeholder_token_ids(path: str) -> list[int]:
-    """`placeholder_token_ids` of the model folder at `path` ([] when its config cannot be read: an engine that
-    loads it fails on its own terms)."""
+    """`placeholder_token_ids` of the model at `path`: a folder, or a hub id already in the local cache (the engine
+    downloaded it); never a download of its own. [] when its config cannot be read that way."""
     from transformers import AutoConfig
 
     try:
-        return placeholder_token_ids(AutoConfig.from_pretrained(path))
+        return placeholder_token_ids(AutoConfig.from_pretrained(path, local_files_only=True))
     except (OSError, ValueError):
         return []
 

@@ -128,7 +128,6 @@ class SGLangRollout(RolloutEngine):
             eos_token_id, pad_token_id = _special_ids(model_path, eos_token_id, pad_token_id)
         self.eos_token_id = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
         self.pad_token_id = int(pad_token_id if pad_token_id is not None else (self.eos_token_id or [0])[0])
-        self.banned_ids = model_placeholder_token_ids(model_path)
         self.free_cache = bool(config_value(config, "free_cache_engine", False))
         self.released = False
         if engine is None:
@@ -139,6 +138,7 @@ class SGLangRollout(RolloutEngine):
             length = prompt_length and int(prompt_length) + self.response_length
             engine = sglang.Engine(**engine_kwargs(model_path, config, length))
         self.engine = engine
+        self.banned_ids = model_placeholder_token_ids(model_path)  # after the engine fetched the model
 
     @torch.no_grad()
     def generate(self, prompts: DataProto, **sampling: Any) -> DataProto:
