@@ -148,7 +148,9 @@ class RLHFDataset(torch.utils.data.Dataset):
         messages = [vision.place_images(m, len(imgs), _where(o)) if imgs else m
                     for m, imgs, o in zip(messages, images, origins, strict=True)]
         texts = self._render(messages, images)
-        token_ids = self._tokenize(texts, images)
+        placeholder_ids = self._tokenize(texts)  # an image prompt's: one placeholder per image, what the engine takes
+        token_ids = [vision.model_inputs(self.processor, t, imgs)[0] if imgs else ids  # the processor's expansion
+                     for t, imgs, ids in zip(texts, images, placeholder_ids, strict=True)]
         keep = [i for i, ids in enumerate(token_ids) if len(ids) <= max_prompt_length]
         self.num_filtered = 0
         if filter_overlong_prompts:
@@ -165,6 +167,7 @@ class RLHFDataset(torch.utils.data.Dataset):
                 self._raise_if_overlong(token_ids, origins)
         self._rows = [rows[i] for i in keep]
         self._images_list = [images[i] for i in keep]
+        self._placeholder_ids = [placeholder_ids[i] if images[i] else None for i in keep]
         self._messages_list = [messages[i] for i in keep]
         self._texts = [texts[i] for i in keep]
         self._ids = [truncate_ids(token_ids[i], max_prompt_length, truncation) for i in keep]
@@ -245,16 +248,12 @@ class RLHFDataset(torch.utils.data.Dataset):
             for m, imgs in zip(messages, images, strict=True)
         ]
 
-    def _tokenize(self, texts: list[str], images: list[list[Any]]) -> list[list[int]]:
-        """Token ids of the rendered prompts (an image prompt's as the processor expands them)."""
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of the rendered prompts."""
         if not texts:
             return []
         # The template already wrote any BOS the model needs; adding special tokens would double it.
-        ids = list(self.tokenizer(texts, add_special_tokens=False)["input_ids"])
-        for i, imgs in enumerate(images):
-            if imgs:
-                ids[i] = vision.model_inputs(self.processor, texts[i], imgs)[0]
-        return ids
+        return list(self.tokenizer(texts, add_special_tokens=False)["input_ids"])
 
     def _raise_if_overlong(self, token_ids: list[list[int]], origins: list[tuple[str, int]]) -> None:
         """With truncation="error", reject the first prompt longer than max_prompt_length."""
@@ -287,7 +286,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         out.pop(self.image_key, None)
         images = self._images_list[item]
         if images:  # the engine gets the images and the unexpanded prompt; the trainer the processor's tensors
-            out["raw_prompt_ids"] = self.tokenizer(self._texts[item], add_special_tokens=False)["input_ids"]
+            out["raw_prompt_ids"] = list(self._placeholder_ids[item])
             out["multi_modal_data"] = {"image": images}
             out["multi_modal_inputs"] = vision.model_inputs(self.processor, self._texts[item], images)[1]
         elif self.processor is not None:

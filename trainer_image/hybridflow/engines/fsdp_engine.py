@@ -277,7 +277,7 @@ class FSDPEngine:
             self.ulysses = UlyssesModel(module, self.hf_config, self.sp.group, sequence_parallel_size)
         self.module: nn.Module = self._shard(module, fsdp_config, layer_names) if self.distributed else module
         # model.use_fused_kernels: log-probs from hidden states inside the root's forward (see fused_head)
-        self.fused_head = fused_head.maybe_install(self.module, kind, model_config)
+        self.fused_head = fused_head.maybe_install(self.module, kind, model_config, self.placeholder_bias)
         self.autocast_dtype = autocast_dtype(self.device.type, fsdp_config, sharded=self.distributed,
                                              cpu_mixed_precision=cpu_mixed_precision)
         self.optimizer: torch.optim.Optimizer | None = None

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridflow.data.vision import is_vision_config, placeholder_bias
+from hybridflow.data.vision import is_vision_config
 
 FUSED_CHUNK_BYTES = 16 << 20
 """Bytes of one chunk's fp32 logits: tokens per chunk = this / (vocab x 4), within the bounds below."""
@@ -180,15 +180,16 @@ def fused_linear_log_probs(
 class FusedHead:
     """The decoder and LM head of a causal LM, computing response log-probs inside the root's forward."""
 
-    def __init__(self, root: nn.Module, chunk_size: int | None = None) -> None:
+    def __init__(self, root: nn.Module, chunk_size: int | None = None, placeholder_bias: torch.Tensor | None = None
+                 ) -> None:
+        """`placeholder_bias`: a vision-language model's image-token logit bias (FSDPEngine.placeholder_bias)."""
         model = root.get_base_model() if hasattr(root, "get_base_model") else root  # a peft model wraps the LM
         check_fusable(model)
         # a vision-language model's backbone (`model.model`) merges the image features into the text decoder's input
         self.decoder: nn.Module = model.model if is_vision_config(model.config) else model.get_decoder()
         self.head: nn.Linear = model.get_output_embeddings()
         self.chunk_size = chunk_size
-        # a vision-language model's image tokens get the rollout's logit bias (hybridflow.data.vision)
-        self.placeholder_bias = placeholder_bias(model.config, self.head.weight.shape[0])
+        self.placeholder_bias = placeholder_bias
 
     def compute(self, model_inputs: dict[str, Any], labels: torch.Tensor, temperature: float = 1.0,
                 with_entropy: bool = False) -> dict[str, torch.Tensor | None]:
@@ -228,13 +229,14 @@ def check_fusable(model: nn.Module) -> None:
             )
 
 
-def install_fused_head(root: nn.Module, chunk_size: int | None = None) -> FusedHead:
+def install_fused_head(root: nn.Module, chunk_size: int | None = None,
+                       placeholder_bias: torch.Tensor | None = None) -> FusedHead:
     """Give `root` a forward that runs the fused head when called with `fused_head={labels, temperature, ...}`.
 
     Without that keyword the model's own forward runs, unchanged. The override is an instance attribute,
     so FSDP2's hooks (registered on the module, run by `__call__`) still wrap it.
     """
-    fused = FusedHead(root, chunk_size)
+    fused = FusedHead(root, chunk_size, placeholder_bias)
     original: Callable[..., Any] = root.forward
 
     def forward(*args: Any, fused_head: dict[str, Any] | None = None, **kwargs: Any) -> Any:
@@ -248,12 +250,14 @@ def install_fused_head(root: nn.Module, chunk_size: int | None = None) -> FusedH
     return fused
 
 
-def maybe_install(root: nn.Module, kind: str, model_config: Any) -> FusedHead | None:
-    """The fused head when `model.use_fused_kernels` is on for a causal LM, else None."""
+def maybe_install(root: nn.Module, kind: str, model_config: Any,
+                  placeholder_bias: torch.Tensor | None = None) -> FusedHead | None:
+    """The fused head when `model.use_fused_kernels` is on for a causal LM, else None (`placeholder_bias`: see
+    FusedHead)."""
     if kind != "causal_lm" or not bool(_get(model_config, "use_fused_kernels", False)):
         return None
     options = _get(model_config, "fused_kernel_options", None)
-    return install_fused_head(root, chunk_size=_get(options, "chunk_size", None))
+    return install_fused_head(root, chunk_size=_get(options, "chunk_size", None), placeholder_bias=placeholder_bias)
 
 
 # ------------------------------------------------------------------------------------------ liger
