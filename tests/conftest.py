@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -10,6 +13,16 @@ import pytest
 from tests.support.kube_emulator import KubeEmulator
 
 CRD_DIR = pathlib.Path(__file__).resolve().parents[1] / "crds"
+
+# vLLM names its ZMQ sockets <VLLM_RPC_BASE_PATH>/<uuid> (default: the temp dir) and leaves the files behind
+# on shutdown: a full run left ~2,800 in /tmp. Every engine the tests start (in this process, in Ray
+# workers, in subprocesses: all inherit the environment) puts them in one folder that the session removes.
+_VLLM_SOCKETS = os.environ.setdefault("VLLM_RPC_BASE_PATH", tempfile.mkdtemp(prefix="vllm-rpc-"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if pathlib.Path(_VLLM_SOCKETS).name.startswith("vllm-rpc-"):
+        shutil.rmtree(_VLLM_SOCKETS, ignore_errors=True)
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import pathlib
+import shutil
 import tempfile
 import time
 from collections.abc import Mapping
@@ -366,6 +367,7 @@ async def start_webhook(settings: kopf.OperatorSettings, memo: Any, **_: Any) ->
         client: KubeClient = memo.runtime.client  # opened by handlers.startup, registered before this one
         bundle = await ensure_serving_secret(client, ws, datetime.datetime.now(datetime.timezone.utc))
         folder = pathlib.Path(tempfile.mkdtemp(prefix="rljob-webhook-"))
+        memo.webhook_folder = folder  # holds the private key: removed again by stop_webhook
         await _write_files(folder, bundle)
         certfile, keyfile = folder / TLS_CERT, folder / TLS_KEY
         if ws.configuration:
@@ -379,7 +381,10 @@ async def start_webhook(settings: kopf.OperatorSettings, memo: Any, **_: Any) ->
 
 
 async def stop_webhook(memo: Any, **_: Any) -> None:
-    """Stop the certificate re-check task."""
+    """Stop the certificate re-check task and remove the self-signed certificate's files."""
     task = getattr(memo, "webhook_task", None)
     if task is not None:
         task.cancel()
+    folder = getattr(memo, "webhook_folder", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -157,8 +157,9 @@ def check_equivalence(model_dir: str) -> None:
     finally:
         if manager is not None:
             manager.close()
-        server_engine.shutdown()
+        replica.shutdown()
         events.close()
+    assert not os.path.exists(replica.profile_dir), "the replica left its profiler folder behind"
 
 
 def _trace_events(path: str) -> list[Any]:

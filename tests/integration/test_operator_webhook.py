@@ -76,18 +76,22 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeEmul
     service = vwc["webhooks"][0]["clientConfig"]["service"]
     kube.admission.endpoints[(service["namespace"], service["name"])] = ("127.0.0.1", port)
     webhook_args = [a for a in container["args"] if a.startswith("--webhook-") and not a.startswith("--webhook-port")]
+    scratch = tmp_path_factory.mktemp("webhook-operator-tmp")  # the operator's TMPDIR: where its key files go
     operator = Operator(kube, tmp_path_factory.mktemp("webhook-operator"),
                         args=["--standalone", "-A", f"--webhook-port={port}", "--webhook-address=127.0.0.1",
-                              *webhook_args], env={"POD_NAMESPACE": NS})
+                              *webhook_args], env={"POD_NAMESPACE": NS, "TMPDIR": str(scratch)})
     operator.start()
     name = vwc["metadata"]["name"]
     wait_for(lambda: kube.get(VWC, "validatingwebhookconfigurations", name, None)["webhooks"][0]["clientConfig"]
              .get("caBundle"), "the operator writing the caBundle", timeout=30)
     wait_for(lambda: _listening(port), "the webhook server", timeout=30)
+    (key_folder,) = scratch.glob("rljob-webhook-*")
+    assert (key_folder / "tls.key").stat().st_mode & 0o077 == 0  # the private key is the operator's alone
     yield kube, operator, {"port": port, "vwc": name, "service": service}
     operator.stop()
     kube.stop()
     assert "Traceback" not in operator.log.read_text(), operator.log.read_text()[-3000:]
+    assert not key_folder.exists(), "a clean stop leaves the self-signed certificate's key behind"
 
 
 def _listening(port: int) -> bool:

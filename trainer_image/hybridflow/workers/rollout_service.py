@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -97,6 +98,14 @@ class RolloutReplica:
                 os.remove(local)
         self.profile_label = None
         return written
+
+    def shutdown(self) -> None:
+        """Stop the engine and remove the profiler's scratch folder (its traces were copied out step by step)."""
+        try:
+            self.engine.shutdown()
+        finally:
+            if self.profile_dir is not None:
+                shutil.rmtree(self.profile_dir, ignore_errors=True)
 
     async def ready(self) -> dict[str, Any]:
         """The replica's process id and weight version (a restarted replica reports -1)."""
@@ -391,12 +400,16 @@ class RolloutService:
         logger.warning("rollout replica %d restarted and resynced to weight version %d", index, self.version)
 
     def shutdown(self) -> None:
-        """Kill the replicas and stop the event loop."""
+        """Stop the replicas (their engines, then their actors) and the event loop."""
         import ray
 
         if self.stream is not None:
             self.events.run(self.stream.close())
         self.events.run(self.router.close())
+        try:  # a clean stop first: a replica that is dead or stuck is killed below all the same
+            ray.get([replica.shutdown.remote() for replica in self.replicas], timeout=30)
+        except Exception as err:  # noqa: BLE001
+            logger.warning("stopping the rollout replicas cleanly failed (%s); killing them", err)
         for replica in self.replicas:
             ray.kill(replica, no_restart=True)
         for seat in self.seats:
