@@ -329,14 +329,16 @@ def test_cpu_time_limit_stops_a_busy_program_before_the_wall_clock() -> None:
     assert time.monotonic() - started < 8
 
 
-def test_scratch_starts_empty_is_the_home_and_is_deleted_afterwards() -> None:
-    runs_before = set(pathlib.Path(tempfile.gettempdir()).glob("hybridflow-sandbox-*"))
+def test_scratch_starts_empty_is_the_home_and_is_deleted_afterwards(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []  # this run's directory (a glob of the temp dir would see concurrent tests' runs)
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda *a, **k: made.append(mkdtemp(*a, **k)) or made[-1])
     code = "import os\nprint(os.listdir('.'))\nprint(os.environ['HOME'] == os.getcwd() == os.environ['TMPDIR'])\n" \
            "open('note.txt', 'w').write('x')\nprint(sorted(os.environ))\n"
     result = run_code(code)
     assert result.stdout.splitlines()[:2] == ["[]", "True"], result
     assert not any(key.startswith(("AWS_", "HF_", "KUBE")) for key in eval(result.stdout.splitlines()[2])), result
-    assert set(pathlib.Path(tempfile.gettempdir()).glob("hybridflow-sandbox-*")) <= runs_before
+    assert result.status == "Finished" and len(made) == 1 and not os.path.exists(made[0]), (result, made)
 
 
 def test_output_is_truncated_to_the_cap() -> None:
@@ -376,16 +378,16 @@ def test_every_working_mode_hides_secrets_and_kills_children_on_timeout(
 
 
 @pytest.mark.parametrize("mode", ISOLATION_MODES)
-def test_a_sandbox_dies_with_its_host(mode: str) -> None:
+def test_a_sandbox_dies_with_its_host(mode: str, tmp_path: pathlib.Path) -> None:
     if mode not in available_isolation_modes():
         pytest.skip(f"isolation mode {mode!r} does not work on this machine")
     if mode == "none":
         pytest.skip("without a PID namespace the program's own children outlive a SIGKILLed host (documented)")
     whole, fraction = LEFTOVER_MARK.split(".")  # split, so the host's own command line does not show the mark
     program = f"import subprocess, time\nsubprocess.Popen(['sleep', '{whole}.' + '{fraction}'])\ntime.sleep(1000)\n"
-    run_dirs_before = set(pathlib.Path(tempfile.gettempdir()).glob("hybridflow-sandbox-*"))
     host = subprocess.Popen([sys.executable, "-c", "import sys\nfrom hybridflow.tools.sandbox import run_code\n"
-                             f"run_code(sys.argv[1], isolation={mode!r}, run_timeout=120)", program])
+                             f"run_code(sys.argv[1], isolation={mode!r}, run_timeout=120)", program],
+                            env={**os.environ, "TMPDIR": str(tmp_path)})  # its run directory goes there
     try:
         deadline = time.monotonic() + 20
         while not _leftover_processes() and time.monotonic() < deadline:
@@ -394,8 +396,7 @@ def test_a_sandbox_dies_with_its_host(mode: str) -> None:
     finally:
         host.kill()
         host.wait()
-        for orphan in set(pathlib.Path(tempfile.gettempdir()).glob("hybridflow-sandbox-*")) - run_dirs_before:
-            shutil.rmtree(orphan, ignore_errors=True)  # the killed host could not remove its run directory
+        shutil.rmtree(tmp_path, ignore_errors=True)  # the killed host could not remove its run directory
     assert not _leftovers_after_a_moment(), _leftover_processes()
 
 
