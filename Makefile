@@ -24,7 +24,21 @@ help: ## List the targets
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# The filled .venv takes ~5.2 GiB and pip unpacks wheels in the temp dir first: on a full disk pip reports a
+# cut download ("Connection interrupted"), so say what is wrong before it starts.
+MIN_FREE_GIB ?= 6
+define check_disk
+import shutil, sys, tempfile
+free = min(shutil.disk_usage(p).free for p in (".", tempfile.gettempdir())) / 2**30
+if free < $(MIN_FREE_GIB):
+    sys.exit(f"make: only {free:.1f} GiB free here or in {tempfile.gettempdir()}; the virtualenv needs about "
+             "$(MIN_FREE_GIB) GiB: free some space (or point TMPDIR at a larger disk) and run it again "
+             "(MIN_FREE_GIB=0 skips this check)")
+endef
+export check_disk
+
 $(STAMP): pyproject.toml constraints.txt | $(PY)
+	@$(PYTHON) -c "$$check_disk"
 	$(call retry,$(PIP) install -q --retries 10 --upgrade "pip>=25.1")
 	$(call retry,$(PIP_INSTALL) -q -c constraints.txt -e ".[$(EXTRAS)]")
 	touch $(STAMP)
