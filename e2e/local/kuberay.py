@@ -66,7 +66,8 @@ STOP_GRACE_S = 3.0
 #: How much of the driver log goes into the failure message (Ray keeps the last 20,000 characters).
 LOG_TAIL_CHARS = 2000
 #: Variables of the "image" the driver inherits; nothing else of this machine's environment leaks in.
-IMAGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER")
+#: (VLLM_RPC_BASE_PATH: where vLLM puts its sockets; tests/conftest.py points it at a folder it removes.)
+IMAGE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "VLLM_RPC_BASE_PATH")
 _PLURALS = {"ConfigMap": "configmaps", "Secret": "secrets"}
 
 log = logging.getLogger("e2e.kuberay")
