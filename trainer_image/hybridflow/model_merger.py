@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridflow import storage
-from hybridflow.data.vision import save_processor
+from hybridflow.data.vision import is_vision_config, save_processor
 
 HF_DIR = "huggingface"
 MODEL_FILE = "model.pt"
@@ -98,8 +98,6 @@ def _auto_class(config: Any) -> Any:
         AutoModelForImageTextToText,
         AutoModelForTokenClassification,
     )
-
-    from hybridflow.data.vision import is_vision_config
 
     arch = (getattr(config, "architectures", None) or [""])[0]
     if arch.endswith("ForTokenClassification"):

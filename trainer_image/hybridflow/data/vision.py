@@ -15,8 +15,11 @@ Two token sequences come out of one prompt, as in verl:
 from __future__ import annotations
 
 import io
+import logging
 from collections.abc import Sequence
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 IMAGE_PLACEHOLDER = "<image>"
 #: processor outputs that are not model inputs of their own (the trainer builds ids and masks itself)
@@ -47,12 +50,10 @@ def save_processor(source: str, folder: str) -> None:
     """Beside a checkpoint's or an export's tokenizer: the vision-language model's processor from `source` (image
     processor, processor and chat template), so the folder loads with AutoProcessor; nothing for a text model. One
     that cannot be loaded here (e.g. it needs torchvision) is logged, not raised: the weights are what matters."""
-    import logging
-
     try:
         processor = load_processor(source)
     except ValueError as exc:
-        logging.getLogger(__name__).warning("the image processor of %s is not saved with the weights: %s", source, exc)
+        logger.warning("the image processor of %s is not saved with the weights: %s", source, exc)
         return
     if processor is not None:
         processor.save_pretrained(folder)

@@ -24,6 +24,7 @@ from hybridflow.rollout.vllm_rollout import (
     bind_cpu_threads,
     build_sampling_params,
     eos_token_ids,
+    tokens_prompt,
 )
 
 
@@ -89,11 +90,8 @@ class AsyncVLLMEngine:
                        multi_modal_data: dict[str, Any] | None = None) -> TokenOutput:
         """Continue `prompt_ids` (with an image prompt's images, which vLLM expands into their placeholders); an
         aborted request returns what it had with finish_reason abort."""
-        from vllm.inputs import TokensPrompt
-
         final = None
-        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids),
-                              **({"multi_modal_data": multi_modal_data} if multi_modal_data else {}))
+        prompt = tokens_prompt(prompt_ids, multi_modal_data)
         async for out in self.engine.generate(prompt, self.sampling(sampling_params), request_id=request_id):
             final = out
         if final is None:

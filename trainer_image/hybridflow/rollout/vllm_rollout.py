@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hybridflow.agent.base import with_images
 from hybridflow.data.vision import PLACEHOLDER_LOGIT_BIAS, placeholder_token_ids
 from hybridflow.protocol import DataProto
 from hybridflow.rollout.base import RolloutEngine, assemble_output
@@ -169,6 +170,14 @@ def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> 
     _reload(worker, weights)
 
 
+def tokens_prompt(prompt_ids: Sequence[int], multi_modal_data: dict[str, Any] | None = None) -> Any:
+    """vLLM's request for `prompt_ids`; an image prompt's images (`{"image": [...]}`) go with it, and vLLM expands
+    their placeholders in `prompt_ids` itself."""
+    from vllm.inputs import TokensPrompt
+
+    return TokensPrompt(prompt_token_ids=list(prompt_ids), **with_images(multi_modal_data))
+
+
 class VLLMRollout(RolloutEngine):
     """`vllm.LLM` engine in this process (see the module docstring and `RolloutEngine`)."""
 
@@ -279,11 +288,9 @@ class VLLMRollout(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompts: DataProto, **sampling: Any) -> DataProto:
         """Sample one response per row (left-padded prompt ids in, right-padded responses out)."""
-        from vllm.inputs import TokensPrompt
-
         params = self.sampling_params(prompts, sampling)
         requests = [
-            TokensPrompt(prompt_token_ids=ids, **({"multi_modal_data": {"image": images}} if images else {}))
+            tokens_prompt(ids, {"image": images} if images else None)
             for ids, images in zip(prompt_token_lists(prompts), prompt_images(prompts), strict=True)
         ]
         self._wake_up()
